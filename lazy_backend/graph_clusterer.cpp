@@ -1,0 +1,200 @@
+#include "graph_clusterer.h"
+
+#include <torch/csrc/jit/passes/utils/subgraph_utils.h>
+
+#include <queue>
+
+namespace lazy_mlir {
+
+using torch::jit::Node;
+using torch::jit::Value;
+namespace prim = torch::jit::prim;
+namespace SubgraphUtils = torch::jit::SubgraphUtils;
+
+namespace {
+
+bool isTensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
+
+bool allTensors(c10::ArrayRef<Value*> values) {
+  return std::all_of(values.begin(), values.end(), isTensor);
+}
+
+}  // namespace
+
+std::string describeSource(const Node* node) {
+  static const auto source = c10::Symbol::attr("source");
+  if (node->hasAttribute(source) && node->kindOf(source) == torch::jit::AttributeKind::s) {
+    return "at " + node->s(source);
+  }
+  return "source line unknown";
+}
+
+GraphClusterer::GraphClusterer(std::shared_ptr<torch::jit::Graph> graph, Classifier classify)
+    : graph_(std::move(graph)), classify_(std::move(classify)) {}
+
+// A plumbing node used by several consumers would have to be a group output
+// of non-tensor type: give every use its own copy (they are pure and cheap).
+void GraphClusterer::splitSharedPlumbing() {
+  std::vector<Node*> nodes(graph_->nodes().begin(), graph_->nodes().end());
+  for (Node* n : nodes) {
+    class_[n] = classify_(n);
+  }
+  for (Node* n : nodes) {
+    if (class_[n] != NodeClass::kPlumbing || n->outputs().size() != 1) continue;
+    auto uses = n->output()->uses();
+    for (size_t i = 1; i < uses.size(); ++i) {
+      Node* copy = graph_->createClone(n, [](Value* v) { return v; });
+      copy->insertBefore(uses[i].user);
+      class_[copy] = NodeClass::kPlumbing;
+      uses[i].user->replaceInput(uses[i].offset, copy->output());
+    }
+  }
+}
+
+// A node that takes a non-tensor value from outside any group cannot be
+// compiled (groups exchange Tensor[] only); this propagates forward.
+void GraphClusterer::classifyNodes() {
+  splitSharedPlumbing();
+  for (Node* n : graph_->nodes()) {
+    if (class_[n] == NodeClass::kNotCompilable) continue;
+    for (Value* v : n->inputs()) {
+      Node* p = v->node();
+      if (!isTensor(v) && (p->kind() == prim::Param || class_[p] == NodeClass::kNotCompilable)) {
+        class_[n] = NodeClass::kNotCompilable;
+        break;
+      }
+    }
+  }
+}
+
+void GraphClusterer::assignGroups() {
+  // Barrier depth of every node, in topological (graph) order.
+  std::unordered_map<Node*, int> depth;
+  int max_depth = 0;
+  for (Node* n : graph_->nodes()) {
+    int d = 0;
+    for (Value* v : n->inputs()) {
+      Node* p = v->node();
+      if (p->kind() == prim::Param) continue;
+      d = std::max(d, depth[p] + (class_[p] == NodeClass::kNotCompilable ? 1 : 0));
+    }
+    depth[n] = d;
+    max_depth = std::max(max_depth, d);
+  }
+  // Compute nodes join the group of their depth; plumbing (one use each after
+  // splitting) joins its consumer's group, resolved from the end backwards.
+  std::vector<int> group_of_depth(max_depth + 1, -1);
+  for (Node* n : graph_->nodes()) {
+    if (class_[n] != NodeClass::kCompute) continue;
+    int& g = group_of_depth[depth[n]];
+    if (g < 0) g = num_groups_++;
+    group_[n] = g;
+  }
+  for (auto it = graph_->nodes().rbegin(); it != graph_->nodes().rend(); ++it) {
+    Node* n = *it;
+    if (class_[n] != NodeClass::kPlumbing || n->outputs().size() != 1 || !n->output()->hasUses()) continue;
+    auto consumer = group_.find(n->output()->uses()[0].user);
+    if (consumer != group_.end()) group_[n] = consumer->second;
+  }
+}
+
+// Reorders the block so that each group's nodes are contiguous: a
+// topological sort of the graph with each group contracted to one unit,
+// preferring the unit that appeared first in the original order.
+void GraphClusterer::orderNodesByGroup() {
+  std::vector<Node*> nodes(graph_->nodes().begin(), graph_->nodes().end());
+  const int num_units = num_groups_ + static_cast<int>(nodes.size());
+  auto unitOf = [&](Node* n, int index) {
+    auto g = group_.find(n);
+    return g != group_.end() ? g->second : num_groups_ + index;
+  };
+  std::unordered_map<Node*, int> index;
+  for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = static_cast<int>(i);
+
+  std::vector<std::vector<Node*>> members(num_units);
+  std::vector<int> first_seen(num_units, INT32_MAX), pending(num_units, 0);
+  std::vector<std::vector<int>> successors(num_units);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int u = unitOf(nodes[i], static_cast<int>(i));
+    members[u].push_back(nodes[i]);
+    first_seen[u] = std::min(first_seen[u], static_cast<int>(i));
+    for (Value* v : nodes[i]->inputs()) {
+      Node* p = v->node();
+      if (p->kind() == prim::Param) continue;
+      const int pu = unitOf(p, index[p]);
+      if (pu == u) continue;
+      successors[pu].push_back(u);
+      ++pending[u];
+    }
+  }
+  using Entry = std::pair<int, int>;  // (first_seen, unit)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> ready;
+  for (int u = 0; u < num_units; ++u) {
+    if (!members[u].empty() && pending[u] == 0) ready.push({first_seen[u], u});
+  }
+  Node* end = graph_->return_node();
+  size_t placed = 0;
+  while (!ready.empty()) {
+    const int u = ready.top().second;
+    ready.pop();
+    for (Node* n : members[u]) {
+      n->moveBefore(end);
+      ++placed;
+    }
+    for (int s : successors[u]) {
+      if (--pending[s] == 0) ready.push({first_seen[s], s});
+    }
+  }
+  TORCH_INTERNAL_ASSERT(placed == nodes.size(), "lazy_mlir: fusion groups formed a cycle");
+}
+
+std::vector<Node*> GraphClusterer::buildGroups() {
+  // Merge each contiguous run backwards, producer into consumer group.
+  std::vector<Node*> groups;
+  Node* group = nullptr;
+  int current = -1;
+  std::vector<Node*> nodes(graph_->nodes().begin(), graph_->nodes().end());
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    Node* n = *it;
+    auto g = group_.find(n);
+    if (g == group_.end()) {
+      group = nullptr;
+      continue;
+    }
+    if (group != nullptr && g->second == current) {
+      SubgraphUtils::mergeNodeIntoSubgraph(n, group);
+    } else {
+      group = SubgraphUtils::createSingletonSubgraph(n, prim::FusionGroup);
+      current = g->second;
+      groups.push_back(group);
+    }
+  }
+  std::reverse(groups.begin(), groups.end());
+  for (Node* g : groups) {
+    TORCH_INTERNAL_ASSERT(allTensors(g->inputs()) && allTensors(g->outputs()),
+                          "lazy_mlir: fusion group with a non-tensor boundary");
+  }
+  return groups;
+}
+
+std::vector<Node*> GraphClusterer::run() {
+  classifyNodes();
+  assignGroups();
+  if (num_groups_ == 0) return {};
+  orderNodesByGroup();
+  return buildGroups();
+}
+
+std::vector<Node*> GraphClusterer::runWholeGraph() {
+  classifyNodes();
+  for (Node* n : graph_->nodes()) {
+    if (class_[n] == NodeClass::kNotCompilable) {
+      TORCH_CHECK(false, "lazy_mlir O2: ", n->kind().toQualString(), " cannot be compiled (",
+                  describeSource(n), "); at O2 the whole step must compile. Use level=\"O1\" "
+                  "to run such ops in TorchScript, or lazy_mlir.compilable.allow() the op.");
+    }
+  }
+  return run();  // with no barrier, every compute node has depth 0: one group
+}
+
+}  // namespace lazy_mlir

@@ -1,0 +1,56 @@
+// GraphClusterer: partitions the compilable nodes of an LTC TorchScript graph
+// into prim::FusionGroup nodes. Which nodes are compilable is decided by a
+// classifier supplied from Python. "Plumbing" nodes (constants,
+// ScalarImplicit, list construction) never start a group but join their
+// consumer's group, so scalar arguments never split groups.
+//
+// LTC graphs are functional DAGs, so we partition by "barrier depth": the
+// largest number of non-compilable nodes on any path from the inputs. All
+// compilable nodes of one depth form one group. A path from a group back to
+// itself would cross a non-compilable node and so raise the depth, hence the
+// groups can never form a cycle, and each group is as large as it can be.
+#pragma once
+
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace lazy_mlir {
+
+enum class NodeClass { kNotCompilable = 0, kCompute = 1, kPlumbing = 2 };
+
+// "at <file> <function> <line>" from the source attribute LTC puts on nodes.
+std::string describeSource(const torch::jit::Node* node);
+
+class GraphClusterer {
+ public:
+  using Classifier = std::function<NodeClass(torch::jit::Node*)>;
+
+  GraphClusterer(std::shared_ptr<torch::jit::Graph> graph, Classifier classify);
+
+  // O1: clusters the graph in place and returns the fusion group nodes in
+  // graph order.
+  std::vector<torch::jit::Node*> run();
+
+  // O2: puts every node into one group; throws, naming the op and its source
+  // line, if a node is not compilable.
+  std::vector<torch::jit::Node*> runWholeGraph();
+
+ private:
+  void splitSharedPlumbing();
+  void classifyNodes();
+  void assignGroups();
+  void orderNodesByGroup();
+  std::vector<torch::jit::Node*> buildGroups();
+
+  std::shared_ptr<torch::jit::Graph> graph_;
+  Classifier classify_;
+  std::unordered_map<torch::jit::Node*, NodeClass> class_;
+  std::unordered_map<torch::jit::Node*, int> group_;  // node -> group id; absent: stays outside
+  int num_groups_ = 0;
+};
+
+}  // namespace lazy_mlir

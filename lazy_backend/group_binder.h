@@ -1,0 +1,24 @@
+// GroupBinder: turns each prim::FusionGroup into a call of its compiled
+// executable: a CompiledGroup constant, prim::CallMethod[name="run"] on the
+// group's inputs as Tensor[], and prim::ListUnpack of the results. A group
+// the Python compiler rejects is inlined back and runs in TorchScript.
+#pragma once
+
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <string>
+
+namespace lazy_mlir {
+
+class GroupBinder {
+ public:
+  explicit GroupBinder(std::string graph_name) : graph_name_(std::move(graph_name)) {}
+
+  // Returns true if the group was bound, false if it was inlined back.
+  bool bind(torch::jit::Node* group, int index);
+
+ private:
+  std::string graph_name_;
+};
+
+}  // namespace lazy_mlir

@@ -1,0 +1,73 @@
+#include "lazy_mlir_backend.h"
+
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../runtime/run_stats.h"
+#include "graph_clusterer.h"
+#include "group_binder.h"
+#include "python_hooks.h"
+
+namespace lazy_mlir {
+
+namespace {
+
+NodeClass classifyInPython(torch::jit::Node* node) {
+  pybind11::gil_scoped_acquire gil;
+  auto result = PythonHooks::get().classify.get()(pybind11::cast(node, pybind11::return_value_policy::reference));
+  return static_cast<NodeClass>(result.cast<int>());
+}
+
+}  // namespace
+
+LazyMlirBackend::LazyMlirBackend(const torch::lazy::BackendImplInterface* ts) : ts_(ts) {}
+
+torch::lazy::ComputationPtr LazyMlirBackend::compileOne(const torch::lazy::ComputationPtr& instance) const {
+  auto ts = std::dynamic_pointer_cast<torch::lazy::TSComputation>(instance);
+  TORCH_CHECK(ts, "lazy_mlir: expected a TorchScript computation from the LTC lowering");
+  const Level lvl = level();
+  if (lvl == Level::kO0 || !PythonHooks::get().classify.defined()) return instance;
+
+  // The TS computation's graph is the LTC cache's own: work on a copy.
+  auto graph = ts->graph()->copy();
+  const std::string name = "graph" + std::to_string(graph_counter_.fetch_add(1));
+  GraphClusterer clusterer(graph, classifyInPython);
+  torch::jit::EliminateDeadCode(graph);  // e.g. the unused tuples LTC emits for multi-output ops
+  auto groups = lvl == Level::kO2 ? clusterer.runWholeGraph() : clusterer.run();
+  GroupBinder binder(name);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const bool bound = binder.bind(groups[i], static_cast<int>(i));
+    TORCH_CHECK(bound || lvl != Level::kO2, "lazy_mlir O2: the step graph ", name,
+                " failed to compile (see the warning above); use level=\"O1\" to let failing "
+                "groups run in TorchScript");
+  }
+  torch::jit::EliminateDeadCode(graph);
+  auto result = std::make_shared<torch::lazy::TSComputation>(graph);
+  result->in_mark_step = ts->in_mark_step;
+  return result;
+}
+
+std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
+    std::vector<torch::lazy::ComputationPtr> instances) const {
+  const int64_t start = nowNs();
+  instances = ts_->Compile(std::move(instances));
+  std::vector<torch::lazy::ComputationPtr> results;
+  results.reserve(instances.size());
+  for (const auto& instance : instances) results.push_back(compileOne(instance));
+  RunStats::get().compiles.fetch_add(static_cast<int64_t>(instances.size()));
+  RunStats::get().compile_ns.fetch_add(nowNs() - start);
+  return results;
+}
+
+std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
+    torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
+    const torch::lazy::BackendDevice& device) const {
+  const int64_t start = nowNs();
+  auto results = ts_->ExecuteComputation(std::move(computation), arguments, device);
+  RunStats::get().executions.fetch_add(1);
+  RunStats::get().execute_ns.fetch_add(nowNs() - start);
+  return results;
+}
+
+}  // namespace lazy_mlir

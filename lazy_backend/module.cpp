@@ -1,0 +1,57 @@
+// The Python extension lazy_mlir._C: installs the backend and exposes its
+// hooks and counters. Everything else lives in Python.
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../runtime/compiled_group.h"
+#include "../runtime/run_stats.h"
+#include "graph_clusterer.h"
+#include "lazy_mlir_backend.h"
+#include "python_hooks.h"
+
+namespace py = pybind11;
+using lazy_mlir::Level;
+
+namespace {
+
+lazy_mlir::LazyMlirBackend* g_backend = nullptr;
+
+lazy_mlir::LazyMlirBackend* installedBackend() {
+  // Built on first use, after torch._lazy.ts_backend.init(); never destroyed
+  // (LTC keeps a raw pointer for the life of the process).
+  if (g_backend == nullptr) {
+    g_backend = new lazy_mlir::LazyMlirBackend(torch::lazy::GetTSBackendImpl());
+    static torch::lazy::BackendRegistrar registrar(g_backend);
+  }
+  return g_backend;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "lazy_mlir C++ core: LTC backend, clustering, CompiledGroup binding";
+  lazy_mlir::registerCompiledGroupClass();
+
+  m.def("install", [](int level) {
+    TORCH_CHECK(level >= 0 && level <= 2, "lazy_mlir: level must be 0, 1 or 2");
+    installedBackend()->setLevel(static_cast<Level>(level));
+  }, "Install the lazy_mlir LTC backend (after the TorchScript backend) and set its level.");
+  m.def("is_active", [] { return g_backend != nullptr && torch::lazy::getBackend() == g_backend; });
+  m.def("set_hooks", [](py::object classify, py::object compile_group) {
+    lazy_mlir::PythonHooks::get().classify.reset(std::move(classify));
+    lazy_mlir::PythonHooks::get().compile_group.reset(std::move(compile_group));
+  });
+  m.def("cluster", [](std::shared_ptr<torch::jit::Graph> graph, bool whole_graph) {
+    // Clusters `graph` in place with the registered classifier (for tests and
+    // debugging); returns the number of fusion groups.
+    lazy_mlir::GraphClusterer clusterer(graph, [](torch::jit::Node* node) {
+      py::object result = lazy_mlir::PythonHooks::get().classify.get()(
+          py::cast(node, py::return_value_policy::reference));
+      return static_cast<lazy_mlir::NodeClass>(result.cast<int>());
+    });
+    return (whole_graph ? clusterer.runWholeGraph() : clusterer.run()).size();
+  }, py::arg("graph"), py::arg("whole_graph") = false);
+  m.def("stats", [] { return lazy_mlir::RunStats::get().snapshot(); });
+  m.def("reset_stats", [] { lazy_mlir::RunStats::get().reset(); });
+}

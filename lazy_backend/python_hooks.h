@@ -1,0 +1,17 @@
+// PythonHooks: the Python functions the C++ backend calls while compiling a
+// graph: the node classifier (what is compilable) and the group compiler
+// (fusion group subgraph -> executable). Set once by lazy_mlir.init().
+#pragma once
+
+#include "../runtime/python_callable.h"
+
+namespace lazy_mlir {
+
+struct PythonHooks {
+  PythonCallable classify;       // (torch._C.Node) -> int (NodeClass)
+  PythonCallable compile_group;  // (torch._C.Graph, str name) -> executable | None
+
+  static PythonHooks& get();
+};
+
+}  // namespace lazy_mlir

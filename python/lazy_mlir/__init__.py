@@ -1,0 +1,41 @@
+"""lazy_mlir: train on ``torch.device("lazy")``, compiled through MLIR.
+
+    import lazy_mlir, torch
+    lazy_mlir.init()                      # level="O1" by default
+    model = Model().to("lazy")
+    for x, y in data:
+        loss = model(x.to("lazy"), y.to("lazy")); loss.backward()
+        opt.step(); opt.zero_grad()
+        torch._lazy.mark_step()
+"""
+from __future__ import annotations
+
+import torch  # noqa: F401 - loads libtorch before our extension
+import torch._lazy
+import torch._lazy.ts_backend
+
+from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties
+from . import _C
+
+__all__ = ["init", "metrics", "config"]
+
+_ts_initialized = False
+
+
+def init(level: str = "O1", **options) -> config.Config:
+    """Install the lazy_mlir backend for ``torch.device("lazy")``.
+
+    Can be called again to change the level or options; returns the config.
+    """
+    global _ts_initialized
+    cfg = config.Config(level=level, **options)
+    cfg.validate()
+    config.current = cfg
+    if not _ts_initialized:
+        torch._lazy.ts_backend.init()  # the TS backend must exist before we wrap it
+        _ts_initialized = True
+    lazy_kernels.install()
+    module_ties.install()
+    _C.set_hooks(compilable.classify, group_compiler.compile_group)
+    _C.install(config.LEVELS[cfg.level])
+    return cfg

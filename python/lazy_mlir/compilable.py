@@ -1,0 +1,55 @@
+"""Which TorchScript nodes of a captured step may join a fusion group.
+
+The C++ clusterer asks ``classify(node)`` once per node of each new graph:
+``COMPUTE`` nodes start and join groups, ``PLUMBING`` nodes (constants, the
+``ScalarImplicit`` LTC wraps around 0-d scalar inputs, list construction) are
+absorbed into their consumer's group so they never split one, and
+``NOT_COMPILABLE`` nodes stay in the TorchScript glue graph.
+The rule is by op name and types, and can be widened with ``allow()``.
+"""
+from __future__ import annotations
+
+import torch
+
+NOT_COMPILABLE, COMPUTE, PLUMBING = 0, 1, 2
+
+PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit", "aten::IntImplicit",
+                  "aten::FloatImplicit", "aten::BoolImplicit"}
+
+# Ops kept in TorchScript: host syncs, and random ops whose stream of draws
+# must match eager PyTorch exactly.
+DENIED = {
+    "aten::_local_scalar_dense", "aten::item", "aten::bernoulli", "aten::dropout",
+    "aten::native_dropout", "aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like",
+    "aten::randint", "aten::randint_like", "aten::randperm", "aten::normal", "aten::uniform",
+    "aten::multinomial", "aten::exponential", "aten::geometric", "aten::cauchy", "aten::log_normal",
+}
+_allowed: set[str] = set()
+
+_VALUE_TYPES = (torch._C.TensorType, torch._C.NumberType, torch._C.IntType, torch._C.FloatType,
+                torch._C.BoolType, torch._C.NoneType, torch._C.StringType, torch._C.DeviceObjType,
+                torch._C.ListType, torch._C.OptionalType)
+
+
+def allow(kind: str) -> None:
+    """Let ``kind`` (e.g. ``"aten::dropout"``) be compiled even if denied."""
+    _allowed.add(kind)
+    DENIED.discard(kind)
+
+
+def _plain_values(values) -> bool:
+    return all(isinstance(v.type(), _VALUE_TYPES) for v in values)
+
+
+def classify(node: torch._C.Node) -> int:
+    kind = node.kind()
+    if kind in PLUMBING_KINDS:
+        return PLUMBING
+    if kind in _allowed:
+        return COMPUTE
+    if not kind.startswith("aten::") or kind in DENIED:
+        return NOT_COMPILABLE
+    outputs = list(node.outputs())
+    if not outputs or not all(isinstance(v.type(), torch._C.TensorType) for v in outputs):
+        return NOT_COMPILABLE
+    return COMPUTE if _plain_values(node.inputs()) else NOT_COMPILABLE

@@ -1,0 +1,29 @@
+// RunStats: process-wide counters of what the backend did (compiles, graph
+// executions, group calls and the time spent), read by lazy_mlir.metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace lazy_mlir {
+
+struct RunStats {
+  std::atomic<int64_t> compiles{0};          // computations given to Compile
+  std::atomic<int64_t> compile_ns{0};        // wall time inside Compile
+  std::atomic<int64_t> groups_built{0};      // fusion groups bound to executables
+  std::atomic<int64_t> groups_rejected{0};   // groups left to TorchScript
+  std::atomic<int64_t> executions{0};        // ExecuteComputation calls
+  std::atomic<int64_t> execute_ns{0};        // wall time inside ExecuteComputation
+  std::atomic<int64_t> group_calls{0};       // CompiledGroup::run calls
+  std::atomic<int64_t> group_ns{0};          // wall time inside CompiledGroup::run
+
+  static RunStats& get();
+  std::map<std::string, int64_t> snapshot() const;
+  void reset();
+};
+
+int64_t nowNs();
+
+}  // namespace lazy_mlir
