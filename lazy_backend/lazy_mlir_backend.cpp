@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "../runtime/run_stats.h"
+#include "compiled_computation.h"
 #include "graph_clusterer.h"
 #include "group_binder.h"
 #include "python_hooks.h"
@@ -23,17 +24,27 @@ NodeClass classifyInPython(torch::jit::Node* node) {
 
 LazyMlirBackend::LazyMlirBackend(const torch::lazy::BackendImplInterface* ts) : ts_(ts) {}
 
-torch::lazy::ComputationPtr LazyMlirBackend::compileOne(const torch::lazy::ComputationPtr& instance) const {
-  auto ts = std::dynamic_pointer_cast<torch::lazy::TSComputation>(instance);
-  TORCH_CHECK(ts, "lazy_mlir: expected a TorchScript computation from the LTC lowering");
-  const Level lvl = level();
-  if (lvl == Level::kO0 || !PythonHooks::get().classify.defined()) return instance;
+void LazyMlirBackend::configure(Level level, std::string config_key) {
+  std::lock_guard<std::mutex> lock(config_mutex_);
+  level_ = level;
+  config_key_ = std::move(config_key);
+}
 
-  // The TS computation's graph is the LTC cache's own: work on a copy.
-  auto graph = ts->graph()->copy();
+std::pair<Level, std::string> LazyMlirBackend::config() const {
+  std::lock_guard<std::mutex> lock(config_mutex_);
+  return {level_, config_key_};
+}
+
+std::shared_ptr<CompiledComputation> LazyMlirBackend::compileGraph(
+    const std::shared_ptr<torch::jit::Graph>& source) const {
+  const auto [lvl, key] = config();
+  auto graph = source->copy();
+  if (lvl == Level::kO0 || !PythonHooks::get().classify.defined()) {
+    return std::make_shared<CompiledComputation>(graph, source, key);
+  }
   const std::string name = "graph" + std::to_string(graph_counter_.fetch_add(1));
-  GraphClusterer clusterer(graph, classifyInPython);
   torch::jit::EliminateDeadCode(graph);  // e.g. the unused tuples LTC emits for multi-output ops
+  GraphClusterer clusterer(graph, classifyInPython);
   auto groups = lvl == Level::kO2 ? clusterer.runWholeGraph() : clusterer.run();
   GroupBinder binder(name);
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -43,9 +54,7 @@ torch::lazy::ComputationPtr LazyMlirBackend::compileOne(const torch::lazy::Compu
                 "groups run in TorchScript");
   }
   torch::jit::EliminateDeadCode(graph);
-  auto result = std::make_shared<torch::lazy::TSComputation>(graph);
-  result->in_mark_step = ts->in_mark_step;
-  return result;
+  return std::make_shared<CompiledComputation>(graph, source, key);
 }
 
 std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
@@ -54,7 +63,14 @@ std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
   instances = ts_->Compile(std::move(instances));
   std::vector<torch::lazy::ComputationPtr> results;
   results.reserve(instances.size());
-  for (const auto& instance : instances) results.push_back(compileOne(instance));
+  for (const auto& instance : instances) {
+    auto ts = std::dynamic_pointer_cast<torch::lazy::TSComputation>(instance);
+    TORCH_CHECK(ts, "lazy_mlir: expected a TorchScript computation from the LTC lowering");
+    // The TS computation's graph is the LTC cache's own: keep a private copy.
+    auto compiled = compileGraph(ts->graph()->copy());
+    compiled->in_mark_step = ts->in_mark_step;
+    results.push_back(compiled);
+  }
   RunStats::get().compiles.fetch_add(static_cast<int64_t>(instances.size()));
   RunStats::get().compile_ns.fetch_add(nowNs() - start);
   return results;
@@ -64,6 +80,18 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {
   const int64_t start = nowNs();
+  if (auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation)) {
+    const std::string key = config().second;
+    if (compiled->configKey() != key) {  // lazy_mlir.init() changed the config since
+      computation = compiled->forConfig(compiled, key, [this](const auto& source) {
+        const int64_t compile_start = nowNs();
+        auto variant = compileGraph(source);
+        RunStats::get().compiles.fetch_add(1);
+        RunStats::get().compile_ns.fetch_add(nowNs() - compile_start);
+        return variant;
+      });
+    }
+  }
   auto results = ts_->ExecuteComputation(std::move(computation), arguments, device);
   RunStats::get().executions.fetch_add(1);
   RunStats::get().execute_ns.fetch_add(nowNs() - start);

@@ -1,12 +1,18 @@
 // LazyMlirBackend: the LTC backend of lazy_mlir. It forwards everything to
 // the TorchScript backend except Compile, where it clusters the graph into
 // fusion groups and binds each to a CompiledGroup, and ExecuteComputation,
-// which it counts and times.
+// which it counts and times (and where it recompiles a computation made
+// under an older configuration).
 #pragma once
 
 #include <torch/csrc/lazy/backend/backend_interface.h>
 
 #include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "compiled_computation.h"
 
 namespace lazy_mlir {
 
@@ -16,8 +22,8 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
  public:
   explicit LazyMlirBackend(const torch::lazy::BackendImplInterface* ts);
 
-  void setLevel(Level level) { level_.store(static_cast<int>(level)); }
-  Level level() const { return static_cast<Level>(level_.load()); }
+  // Level and a key naming every option that changes compiled code.
+  void configure(Level level, std::string config_key);
 
   std::vector<torch::lazy::ComputationPtr> Compile(
       std::vector<torch::lazy::ComputationPtr> instances) const override;
@@ -87,10 +93,13 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
   }
 
  private:
-  torch::lazy::ComputationPtr compileOne(const torch::lazy::ComputationPtr& instance) const;
+  std::pair<Level, std::string> config() const;
+  std::shared_ptr<CompiledComputation> compileGraph(const std::shared_ptr<torch::jit::Graph>& source) const;
 
   const torch::lazy::BackendImplInterface* ts_;
-  std::atomic<int> level_{static_cast<int>(Level::kO1)};
+  mutable std::mutex config_mutex_;
+  Level level_ = Level::kO1;
+  std::string config_key_;
   mutable std::atomic<int64_t> graph_counter_{0};
 };
 

@@ -1,6 +1,7 @@
 // The Python extension lazy_mlir._C: installs the backend and exposes its
 // hooks and counters. Everything else lives in Python.
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/lazy/core/config.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -9,6 +10,7 @@
 #include "graph_clusterer.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
+#include "source_locations.h"
 
 namespace py = pybind11;
 using lazy_mlir::Level;
@@ -33,10 +35,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "lazy_mlir C++ core: LTC backend, clustering, CompiledGroup binding";
   lazy_mlir::registerCompiledGroupClass();
 
-  m.def("install", [](int level) {
+  m.def("install", [](int level, std::string config_key) {
     TORCH_CHECK(level >= 0 && level <= 2, "lazy_mlir: level must be 0, 1 or 2");
-    installedBackend()->setLevel(static_cast<Level>(level));
-  }, "Install the lazy_mlir LTC backend (after the TorchScript backend) and set its level.");
+    installedBackend()->configure(static_cast<Level>(level), std::move(config_key));
+  }, "Install the lazy_mlir LTC backend (after the TorchScript backend) and configure it.",
+     py::arg("level"), py::arg("config_key"));
   m.def("is_active", [] { return g_backend != nullptr && torch::lazy::getBackend() == g_backend; });
   m.def("set_hooks", [](py::object classify, py::object compile_group) {
     lazy_mlir::PythonHooks::get().classify.reset(std::move(classify));
@@ -52,6 +55,9 @@ PYBIND11_MODULE(_C, m) {
     });
     return (whole_graph ? clusterer.runWholeGraph() : clusterer.run()).size();
   }, py::arg("graph"), py::arg("whole_graph") = false);
+  m.def("install_source_locations", &lazy_mlir::installSourceLocations,
+        "Record the innermost user frame (skipping files under the given prefixes) on traced ops.");
+  m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   m.def("stats", [] { return lazy_mlir::RunStats::get().snapshot(); });
   m.def("reset_stats", [] { lazy_mlir::RunStats::get().reset(); });
 }

@@ -14,8 +14,13 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
+import os
+
 from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties
 from . import _C
+
+# Traced ops record the innermost frame outside these (for errors and warnings).
+_INTERNAL_DIRS = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
 
 __all__ = ["init", "metrics", "config"]
 
@@ -34,8 +39,10 @@ def init(level: str = "O1", **options) -> config.Config:
     if not _ts_initialized:
         torch._lazy.ts_backend.init()  # the TS backend must exist before we wrap it
         _ts_initialized = True
+    _C.install_source_locations(_INTERNAL_DIRS)
     lazy_kernels.install()
     module_ties.install()
     _C.set_hooks(compilable.classify, group_compiler.compile_group)
-    _C.install(config.LEVELS[cfg.level])
+    _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
+    _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg

@@ -25,6 +25,7 @@ DENIED = {
     "aten::multinomial", "aten::exponential", "aten::geometric", "aten::cauchy", "aten::log_normal",
 }
 _allowed: set[str] = set()
+_generation = 0  # bumped by allow()/deny(): compiled graphs then recompile
 
 _VALUE_TYPES = (torch._C.TensorType, torch._C.NumberType, torch._C.IntType, torch._C.FloatType,
                 torch._C.BoolType, torch._C.NoneType, torch._C.StringType, torch._C.DeviceObjType,
@@ -32,9 +33,24 @@ _VALUE_TYPES = (torch._C.TensorType, torch._C.NumberType, torch._C.IntType, torc
 
 
 def allow(kind: str) -> None:
-    """Let ``kind`` (e.g. ``"aten::dropout"``) be compiled even if denied."""
+    """Let ``kind`` (e.g. ``"aten::dropout"``) be compiled even if denied.
+    Takes effect at the next ``lazy_mlir.init()``."""
+    global _generation
     _allowed.add(kind)
     DENIED.discard(kind)
+    _generation += 1
+
+
+def deny(kind: str) -> None:
+    """Keep ``kind`` in TorchScript. Takes effect at the next ``lazy_mlir.init()``."""
+    global _generation
+    _allowed.discard(kind)
+    DENIED.add(kind)
+    _generation += 1
+
+
+def generation() -> int:
+    return _generation
 
 
 def _plain_values(values) -> bool:

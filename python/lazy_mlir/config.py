@@ -14,6 +14,17 @@ class Config:
     level: str = "O1"
     # Where per-group IR dumps go (None: no dumps). LAZY_MLIR_DUMP_DIR sets it.
     dump_dir: str | None = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DUMP_DIR"))
+    # Run LTC's graph executions on its IO thread pool (FLAGS_torch_lazy_use_thread_pool).
+    ltc_thread_pool: bool = False
+
+    # Fields that do not change compiled code (so not part of key()).
+    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool")
+
+    def key(self) -> str:
+        """Names every option that changes compiled code: the backend
+        recompiles cached graphs when it changes."""
+        fields = dataclasses.asdict(self)
+        return ";".join(f"{k}={v}" for k, v in sorted(fields.items()) if k not in self._NOT_IN_KEY)
 
     def validate(self) -> None:
         if self.level not in LEVELS:

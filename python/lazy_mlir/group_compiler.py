@@ -20,24 +20,27 @@ from .executables import TorchScriptExecutable
 before_build = None
 
 
-def describe_ops(graph: torch._C.Graph, limit: int = 8) -> str:
-    """'aten::addmm x2, aten::gelu (at model.py forward 12), ...'"""
+def describe_ops(graph: torch._C.Graph, max_sources: int = 3) -> str:
+    """'aten::mm x2, aten::gelu from model.py:12 (forward), train.py:40 (step)'"""
     counts = collections.Counter()
-    where = {}
+    sources = collections.Counter()
     for node in graph.nodes():
-        kind = node.kind()
-        if kind in compilable.PLUMBING_KINDS:
+        if node.kind() in compilable.PLUMBING_KINDS:
             continue
-        counts[kind] += 1
-        if kind not in where and node.hasAttribute("source"):
-            where[kind] = node.s("source")
-    parts = []
-    for kind, n in counts.most_common(limit):
-        text = kind + (f" x{n}" if n > 1 else "")
-        parts.append(text + (f" (at {where[kind]})" if kind in where else ""))
-    if len(counts) > limit:
-        parts.append(f"... {len(counts) - limit} more kinds")
-    return ", ".join(parts)
+        counts[node.kind()] += 1
+        if node.hasAttribute("source"):
+            sources[node.s("source")] += 1
+    ops = ", ".join(kind + (f" x{n}" if n > 1 else "") for kind, n in counts.most_common())
+    where = ", ".join(_short_source(s) for s, _ in sources.most_common(max_sources))
+    return ops + (f" from {where}" if where else "")
+
+
+def _short_source(source: str) -> str:
+    # LTC's format is "<file> <function> <line>"
+    parts = source.rsplit(" ", 2)
+    if len(parts) != 3:
+        return source
+    return f"{parts[0]}:{parts[2]} ({parts[1]})"
 
 
 def compile_group(graph: torch._C.Graph, name: str):

@@ -1,0 +1,48 @@
+// CompiledComputation: what LazyMlirBackend::Compile hands to LTC. It runs
+// the rewritten glue graph like any TSComputation, and remembers the LTC
+// graph it was made from and the configuration it was compiled under. LTC
+// caches computations by graph hash alone, so after lazy_mlir.init() changes
+// the configuration, the backend recompiles from the source graph instead of
+// running stale code (variants are kept per configuration).
+#pragma once
+
+#include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace lazy_mlir {
+
+class CompiledComputation : public torch::lazy::TSComputation {
+ public:
+  using Compiler = std::function<std::shared_ptr<CompiledComputation>(
+      const std::shared_ptr<torch::jit::Graph>& source)>;
+
+  CompiledComputation(std::shared_ptr<torch::jit::Graph> glue, std::shared_ptr<torch::jit::Graph> source,
+                      std::string config_key)
+      : TSComputation(glue), source_(std::move(source)), config_key_(std::move(config_key)) {}
+
+  const std::string& configKey() const { return config_key_; }
+
+  // This computation if compiled under `config_key`, else the variant for it,
+  // compiled on first use.
+  std::shared_ptr<torch::lazy::TSComputation> forConfig(
+      const std::shared_ptr<CompiledComputation>& self, const std::string& config_key,
+      const Compiler& compile) {
+    if (config_key == config_key_) return self;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& variant = variants_[config_key];
+    if (!variant) variant = compile(source_);
+    return variant;
+  }
+
+ private:
+  std::shared_ptr<torch::jit::Graph> source_;  // the LTC graph (a private copy)
+  std::string config_key_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<CompiledComputation>> variants_;
+};
+
+}  // namespace lazy_mlir

@@ -1,0 +1,1 @@
+"""MLIR passes of lazy_mlir (shipped as lazy_mlir.passes)."""

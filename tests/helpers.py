@@ -1,0 +1,75 @@
+"""Shared test helpers: the same training loop run eagerly and on the lazy device."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+
+LAZY = torch.device("lazy")
+
+# Small enough for a 2-core CI machine, same structure as DESIGN.md's GPT-mini.
+SMALL_GPT = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size=32, batch_size=4)
+
+
+def train(make_model, make_opt, batches, device, loss_fn=None, after_step=None):
+    """Runs the user loop; returns (losses, final parameters on the CPU)."""
+    model = make_model().to(device)
+    opt = make_opt(model)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        loss = loss_fn(model, x.to(device), y.to(device)) if loss_fn else model(x.to(device), y.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+        losses.append(loss.item())  # after mark_step: reads data, runs no graph
+        if after_step:
+            after_step(i)
+    with torch.no_grad():  # p.detach() would trace a detach_copy and run a graph per parameter
+        params = {n: p.cpu() for n, p in model.named_parameters()}
+    return torch.tensor(losses), params
+
+
+def assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6):
+    (eager_losses, eager_params), (lazy_losses, lazy_params) = eager, lazy
+    torch.testing.assert_close(lazy_losses, eager_losses, rtol=rtol, atol=atol)
+    assert eager_params.keys() == lazy_params.keys()
+    for name in eager_params:
+        torch.testing.assert_close(lazy_params[name], eager_params[name], rtol=rtol, atol=atol, msg=name)
+
+
+# ----------------------------------------------------------------- workloads
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        h = F.gelu(self.fc1(x))
+        h = torch.tanh(self.fc2(h))
+        return F.cross_entropy(self.fc3(h), y)
+
+
+def make_mlp(seed=0):
+    torch.manual_seed(seed)
+    return MLP()
+
+
+def mlp_batches(steps=5, batch=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(steps)]
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def small_gpt():
+    return make_gpt(SMALL_GPT)
+
+
+def small_gpt_batches(steps=5):
+    return list(gpt_batches(SMALL_GPT, steps))

@@ -1,0 +1,79 @@
+"""Ops the stock TS backend mishandles trace into the graph, with no fallback."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazy_mlir
+from lazy_mlir import lazy_kernels, metrics
+from helpers import LAZY
+
+
+def _lazy_leaf(t):
+    return t.detach().clone().to(LAZY).requires_grad_(True)
+
+
+@pytest.mark.parametrize("split", [
+    lambda t: t.split(3, dim=1),                 # nanoGPT's c_attn(x).split(C, dim=2)
+    lambda t: t.split([2, 5, 1], dim=1),
+    lambda t: t.chunk(3, dim=-1),
+    lambda t: t.unbind(0),
+])
+def test_view_splitting_ops_stay_lazy_with_gradients(lazy_level, split):
+    x = torch.randn(4, 8)
+    xl = _lazy_leaf(x)
+    xe = x.clone().requires_grad_(True)
+    parts_l, parts_e = split(xl), split(xe)
+    assert all(p.device.type == "lazy" for p in parts_l)
+    weights = [float(i + 1) for i in range(len(parts_e))]
+    sum(w * p.sin().sum() for w, p in zip(weights, parts_l)).backward()
+    sum(w * p.sin().sum() for w, p in zip(weights, parts_e)).backward()
+    torch._lazy.mark_step()
+    for pl, pe in zip(parts_l, parts_e):
+        torch.testing.assert_close(pl.cpu(), pe)
+    torch.testing.assert_close(xl.grad.cpu(), xe.grad)
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_lerp_traces_without_sync(lazy_level):
+    a, b, w = torch.randn(5), torch.randn(5), torch.rand(5)
+    out_s = torch.lerp(a.to(LAZY), b.to(LAZY), 0.3)
+    out_t = torch.lerp(a.to(LAZY), b.to(LAZY), w.to(LAZY))
+    assert metrics.snapshot()["graph_executions"] == 0  # nothing ran eagerly
+    torch.testing.assert_close(out_s.cpu(), torch.lerp(a, b, 0.3))
+    torch.testing.assert_close(out_t.cpu(), torch.lerp(a, b, w))
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_ops_with_a_decomposition_are_traced_through_it(lazy_level):
+    registered = lazy_kernels.decomposed_ops()
+    # ops the TS backend lacks, each traced through torch._decomp
+    for name in ("aten::logsumexp", "aten::hardswish", "aten::logaddexp", "aten::huber_loss"):
+        assert name in registered
+    x, y = torch.randn(6, 4), torch.randn(6, 4)
+    xl, yl = x.to(LAZY), y.to(LAZY)
+    results = [torch.logsumexp(xl, 1), F.hardswish(xl), torch.logaddexp(xl, yl), F.huber_loss(xl, yl)]
+    expected = [torch.logsumexp(x, 1), F.hardswish(x), torch.logaddexp(x, y), F.huber_loss(x, y)]
+    assert metrics.snapshot()["graph_executions"] == 0
+    torch._lazy.mark_step()
+    for got, want in zip(results, expected):
+        torch.testing.assert_close(got.cpu(), want)
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0 and s["graph_executions"] == 1
+
+
+def test_untrustworthy_decomposition_falls_back_and_is_counted(lazy_level, monkeypatch):
+    op = torch.ops.aten.logaddexp.default
+
+    def broken(*args, **kwargs):
+        raise NotImplementedError("as_strided on the lazy device")
+
+    kernel = lazy_kernels._decomposed_kernel(op, broken)
+    monkeypatch.setattr(lazy_kernels, "_untrusted", set())
+    x, y = torch.randn(3), torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="decomposition of aten.logaddexp.default failed"):
+        out = kernel(x.to(LAZY), y.to(LAZY))
+    assert out.device.type == "lazy"
+    torch.testing.assert_close(out.cpu(), torch.logaddexp(x, y))
+    assert metrics.snapshot()["fallbacks"] == {"aten.logaddexp.default": 1}
+    kernel(x.to(LAZY), y.to(LAZY))  # no second warning, still counted
+    assert metrics.snapshot()["fallbacks"] == {"aten.logaddexp.default": 2}

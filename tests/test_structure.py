@@ -1,0 +1,94 @@
+"""What the backend does per step: executions, compiles, groups, fallbacks."""
+import warnings
+
+import pytest
+import torch
+
+import lazy_mlir
+from lazy_mlir import compilable, group_compiler, metrics
+from lazy_mlir.models import GPTConfig, gpt_batches, make_gpt
+from helpers import (LAZY, SMALL_GPT, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd,
+                     small_gpt, small_gpt_batches, train)
+
+CPU = torch.device("cpu")
+
+
+def test_gpt_adamw_one_execution_per_step_no_fallbacks(lazy_level):
+    counts = {}
+
+    def after_step(i):
+        if i == 1:  # warm-up done: the step-0 and step-1 graphs differ (optimizer state init)
+            counts["compiles_warm"] = metrics.snapshot()["compiles"]
+            metrics.reset()
+
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=96, block_size=16, batch_size=2)  # unseen shapes
+    train(lambda: make_gpt(cfg), make_adamw, list(gpt_batches(cfg, 6)), LAZY, after_step=after_step)
+    s = metrics.snapshot()
+    assert s["mark_steps"] == 4
+    assert s["graph_executions"] == 4, metrics.report()
+    assert s["fallback_count"] == 0, s["fallbacks"]
+    assert s["compiles"] == 0 and s["cache_misses"] == 0  # compile count constant after warm-up
+    assert counts["compiles_warm"] == 2
+    assert s["group_calls"] >= 4  # the steps really ran through CompiledGroups
+
+
+def test_gpt_mini_full_size_has_no_fallbacks(lazy_level):
+    """DESIGN.md's GPT-mini (nanoGPT's literal c_attn(x).split(C, dim=2)), AdamW."""
+    cfg = GPTConfig()
+    batches = list(gpt_batches(cfg, 3))
+    train(lambda: make_gpt(cfg), make_adamw, batches, LAZY)
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0, s["fallbacks"]
+    assert s["graph_executions"] == s["mark_steps"] == 3
+    assert s["groups_built"] >= 1 and s["groups_rejected"] == 0
+
+
+def test_o0_builds_no_groups(lazy_level):
+    lazy_mlir.init("O0")
+    train(make_mlp, sgd, mlp_batches(2, batch=3), LAZY)
+    s = metrics.snapshot()
+    assert s["groups_built"] == 0 and s["group_calls"] == 0
+    assert s["graph_executions"] == 2
+
+
+def test_thread_pool_flag(lazy_level):
+    lazy_mlir.init("O1", ltc_thread_pool=True)
+    try:
+        batches = mlp_batches(3, batch=5)
+        assert_same_training(train(make_mlp, sgd, batches, CPU), train(make_mlp, sgd, batches, LAZY))
+        assert metrics.snapshot()["group_calls"] >= 3
+    finally:
+        lazy_mlir.init("O1")
+
+
+def test_level_change_recompiles_cached_graphs(lazy_level):
+    batches = mlp_batches(2, batch=6)
+    lazy_mlir.init("O0")
+    train(make_mlp, sgd, batches, LAZY)
+    assert metrics.snapshot()["group_calls"] == 0
+    lazy_mlir.init("O1")  # same graphs, LTC cache hits: must not run the O0 code
+    train(make_mlp, sgd, batches, LAZY)
+    assert metrics.snapshot()["group_calls"] == 2
+
+
+def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
+    # tanh stays in TorchScript, so the MLP splits into groups before and after it
+    monkeypatch.setattr(compilable, "DENIED", compilable.DENIED | {"aten::tanh"})
+    monkeypatch.setattr(compilable, "_generation", compilable.generation() + 1)
+
+    def fail_on_gelu(graph, name):
+        if any(n.kind() == "aten::gelu" for n in graph.nodes()):
+            raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(group_compiler, "before_build", fail_on_gelu)
+    lazy_mlir.init("O1")
+    batches = mlp_batches(3, batch=7)
+    with pytest.warns(RuntimeWarning, match=r"failed to compile \(RuntimeError: injected failure\)") as record:
+        lazy = train(make_mlp, sgd, batches, LAZY)
+    message = str(next(w.message for w in record if "injected" in str(w.message)))
+    assert "aten::gelu" in message and "helpers.py:" in message  # names ops and source lines
+    assert_same_training(train(make_mlp, sgd, batches, CPU), lazy)
+    s = metrics.snapshot()
+    assert s["groups_rejected"] >= 1 and s["groups_built"] >= 1
+    assert any("injected failure" in why for why in s["group_failures"].values())
+    assert s["graph_executions"] == s["mark_steps"] == 3
