@@ -7,6 +7,7 @@
 
 #include "../runtime/compiled_group.h"
 #include "../runtime/run_stats.h"
+#include "builtin_op_node.h"
 #include "graph_clusterer.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
@@ -55,6 +56,9 @@ PYBIND11_MODULE(_C, m) {
     });
     return (whole_graph ? clusterer.runWholeGraph() : clusterer.run()).size();
   }, py::arg("graph"), py::arg("whole_graph") = false);
+  m.def("trace_builtin", &lazy_mlir::traceBuiltin,
+        "Trace an aten op without a lazy kernel as a TorchScript builtin node; returns lazy tensors.",
+        py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"));
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,
         "Record the innermost user frame (skipping files under the given prefixes) on traced ops.");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });

@@ -4,17 +4,20 @@ The stock backend sends such ops to its eager fallback, which executes the
 pending graph, runs the op on the CPU and uploads the result: one graph
 execution per call (AdamW's ``lerp``: 53 per step). Worse, for ops returning
 tensor lists (``split_copy``, ``unbind_copy``) the fallback hands back CPU
-tensors. We register kernels on the ``Lazy`` dispatch key instead, so these
-ops are traced into the graph as aten ops the backend has:
+tensors. We register kernels on the ``Lazy`` dispatch key instead, tried in
+this order for every functional op whose Lazy entry is the eager fallback:
 
-* hand-written kernels for the ops we know users hit (below);
-* every other op whose Lazy entry is the eager fallback but which has an
-  entry in ``torch._decomp.decomposition_table`` is traced through that
-  decomposition. A decomposition that raises on lazy tensors or returns
-  non-lazy tensors is not trusted again: the op then takes the eager path,
-  counted in ``lazy_mlir.metrics`` under its name.
+1. hand-written kernels for ops users hit (split, unbind, lerp), below;
+2. the op's ``torch._decomp`` decomposition, when it is written with aten
+   ops (those written with ``torch._refs``/prims build ``as_strided`` views
+   the lazy device cannot run, so they are skipped);
+3. the op itself as a TorchScript builtin node in the traced graph
+   (``_C.trace_builtin``, output shapes from the op's meta kernel): aten's
+   own kernel then runs inside the graph;
+4. the eager path, counted in ``lazy_mlir.metrics`` under the op's name.
 
-Kernels are registered below autograd, so derivatives stay aten's own.
+A decomposition that raises or returns non-lazy tensors is not trusted again
+and the op moves on to 3. Kernels sit below autograd: derivatives stay aten's.
 """
 from __future__ import annotations
 
@@ -24,12 +27,14 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import metrics
+from . import _C, metrics
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
 _reentry = threading.local()
 _untrusted: set[str] = set()  # ops whose decomposition failed on lazy tensors
+_DECOMPOSED: set[str] = set()
+_BUILTIN: set[str] = set()
 
 
 # --------------------------------------------------------------- hand-written
@@ -72,24 +77,85 @@ HAND_WRITTEN = {
 }
 
 
-# ------------------------------------------------------------ decompositions
-def _falls_back_on_lazy(qualified_name: str) -> bool:
+# ------------------------------------------------------------- registration
+def _qualified(op: torch._ops.OpOverload) -> str:
+    """'aten::add.Tensor' / 'aten::sin'"""
+    return op._schema.name + (f".{op._overloadname}" if op._overloadname != "default" else "")
+
+
+def _falls_back_on_lazy(qualified: str) -> bool:
     """True when the op's Lazy dispatch entry is the TS eager fallback."""
-    for line in torch._C._dispatch_dump_table(qualified_name).splitlines():
-        if line.startswith("Lazy:"):
-            return "[backend fallback]" in line
-    return True
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return not any(has(qualified, key) for key in ("Lazy", "CompositeImplicitAutograd", "CompositeExplicitAutograd"))
 
 
-def _is_traceable_functional(op: torch._ops.OpOverload) -> bool:
+def _is_functional_tensor_op(op: torch._ops.OpOverload) -> bool:
     schema = op._schema
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
         return False  # functionalization never sends in-place, out= or view ops here
     if torch.Tag.nondeterministic_seeded in op.tags:
-        return False  # random ops must keep their RNG semantics
-    return any(isinstance(a.type, (torch.TensorType, torch.ListType)) for a in schema.arguments)
+        return False  # random ops must keep their RNG semantics: eager path
+    return bool(schema.returns) and all(isinstance(r.type, torch.TensorType) for r in schema.returns)
 
 
+def _aten_written(decomposition) -> bool:
+    module = getattr(decomposition, "__module__", "") or ""
+    return not module.startswith(("torch._refs", "torch._prims"))
+
+
+def _ops_falling_back():
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::") or not _falls_back_on_lazy(qualified):
+            continue
+        name, _, overload = qualified[len("aten::"):].partition(".")
+        packet = getattr(aten, name, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if isinstance(op, torch._ops.OpOverload) and _is_functional_tensor_op(op):
+            yield op
+
+
+# ---------------------------------------------------------- builtin tracing
+def _schema_arguments(op, args, kwargs) -> list:
+    """All schema arguments in order, defaults filled in."""
+    full = []
+    for i, formal in enumerate(op._schema.arguments):
+        if i < len(args):
+            full.append(args[i])
+        elif formal.name in kwargs:
+            full.append(kwargs[formal.name])
+        elif formal.has_default_value():
+            full.append(formal.default_value)
+        else:
+            raise TypeError(f"{op}: missing argument {formal.name}")
+    return full
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def trace_builtin(op, args, kwargs):
+    """Traces ``op`` as one TorchScript builtin node; raises if it cannot."""
+    meta_out = op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+    outputs = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+    results = _C.trace_builtin(op._schema.name, op._overloadname, _schema_arguments(op, args, kwargs),
+                               [(t.dtype, list(t.shape)) for t in outputs])
+    return results[0] if isinstance(meta_out, torch.Tensor) else tuple(results)
+
+
+def _builtin_kernel(op):
+    def kernel(*args, **kwargs):
+        try:
+            return trace_builtin(op, args, kwargs)
+        except Exception:  # noqa: BLE001 - e.g. data-dependent output shapes
+            return eager_fallback(op, args, kwargs)
+
+    return kernel
+
+
+# ------------------------------------------------------------ decompositions
 def _is_lazy(x) -> bool:
     return not isinstance(x, torch.Tensor) or x.device.type == "lazy"
 
@@ -100,7 +166,7 @@ def eager_fallback(op, args, kwargs):
     metrics.count_fallback(str(op))
     devices = [t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.device.type == "lazy"]
     device = devices[0] if devices else torch.device("lazy")
-    to_cpu = lambda x: x.cpu() if isinstance(x, torch.Tensor) else x
+    to_cpu = lambda x: x.cpu() if isinstance(x, torch.Tensor) else x  # noqa: E731
     out = op(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, out)
 
@@ -113,33 +179,34 @@ def _decomposed_kernel(op, decomposition):
         if active is None:
             active = _reentry.ops = set()
         if name in _untrusted or name in active:
-            return eager_fallback(op, args, kwargs)
+            return _builtin_kernel(op)(*args, **kwargs)
         active.add(name)
         try:
             out = decomposition(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure means: don't trust it
             reason = f"{type(exc).__name__}: {exc}"
-            out = None
         else:
             reason = None if all(_is_lazy(x) for x in tree_flatten(out)[0]) else "returned non-lazy tensors"
         finally:
             active.discard(name)
-        if reason is not None:
-            _untrusted.add(name)
-            warnings.warn(f"lazy_mlir: decomposition of {name} failed on the lazy device ({reason}); "
-                          "it runs through the eager fallback from now on", RuntimeWarning, stacklevel=2)
-            return eager_fallback(op, args, kwargs)
-        return out
+        if reason is None:
+            return out
+        _untrusted.add(name)
+        warnings.warn(f"lazy_mlir: decomposition of {name} failed on the lazy device ({reason}); "
+                      "tracing the op itself from now on", RuntimeWarning, stacklevel=2)
+        return _builtin_kernel(op)(*args, **kwargs)
 
     return kernel
 
 
 def decomposed_ops() -> list[str]:
-    """Ops traced through a torch._decomp decomposition (registered by install())."""
+    """Ops traced through a torch._decomp decomposition."""
     return sorted(_DECOMPOSED)
 
 
-_DECOMPOSED: set[str] = set()
+def builtin_ops() -> list[str]:
+    """Ops traced as TorchScript builtin nodes."""
+    return sorted(_BUILTIN)
 
 
 def install() -> None:
@@ -152,14 +219,15 @@ def install() -> None:
         _LIB.impl(name, fn, "Lazy")
     from torch._decomp import decomposition_table
 
-    for op, decomposition in decomposition_table.items():
-        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+    for op in _ops_falling_back():
+        qualified = _qualified(op)
+        overload = qualified[len("aten::"):]
+        if overload in HAND_WRITTEN:
             continue
-        overload = op._schema.name.split("::")[1] + (f".{op._overloadname}" if op._overloadname != "default" else "")
-        if overload in HAND_WRITTEN or not _is_traceable_functional(op):
-            continue
-        qualified = op._schema.name + (f".{op._overloadname}" if op._overloadname != "default" else "")
-        if not _falls_back_on_lazy(qualified):
-            continue
-        _LIB.impl(overload, _decomposed_kernel(op, decomposition), "Lazy")
-        _DECOMPOSED.add(qualified)
+        decomposition = decomposition_table.get(op)
+        if decomposition is not None and _aten_written(decomposition):
+            _LIB.impl(overload, _decomposed_kernel(op, decomposition), "Lazy")
+            _DECOMPOSED.add(qualified)
+        else:
+            _LIB.impl(overload, _builtin_kernel(op), "Lazy")
+            _BUILTIN.add(qualified)

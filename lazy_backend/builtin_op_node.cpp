@@ -1,0 +1,129 @@
+#include "builtin_op_node.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/lazy/core/ir_builder.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
+#include <torch/csrc/lazy/ts_backend/ts_node_lowering.h>
+
+#include <sstream>
+
+namespace lazy_mlir {
+
+BuiltinOpNode::BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands,
+                             std::vector<torch::lazy::Shape>&& shapes, std::vector<Argument> arguments,
+                             torch::lazy::hash_t hash)
+    : TsNode(torch::lazy::OpKind(op), operands, std::move(shapes), /*num_outputs=*/shapes.size(), hash),
+      arguments_(std::move(arguments)) {}
+
+torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
+                                             torch::lazy::TSLoweringContext* loctx) const {
+  auto& graph = *function->graph();
+  std::vector<torch::jit::NamedValue> args, kwargs;
+  for (const auto& a : arguments_) {
+    torch::jit::NamedValue value(a.constant);
+    if (a.operand) {
+      value = torch::jit::NamedValue(loctx->GetOutputOp(operand(*a.operand)));
+    } else if (a.operand_list) {
+      std::vector<torch::jit::Value*> items;
+      for (const auto& index : *a.operand_list) {
+        items.push_back(index ? loctx->GetOutputOp(operand(*index)) : graph.insertConstant(c10::IValue()));
+      }
+      auto elem = a.list_type->expectRef<c10::ListType>().getElementType();
+      value = torch::jit::NamedValue(graph.insertNode(graph.createList(elem, items))->output());
+    }
+    if (a.kwarg_only) {
+      kwargs.emplace_back(a.name, value.value(graph));
+    } else {
+      args.push_back(std::move(value));
+    }
+  }
+  return torch::lazy::LowerTSBuiltin(function, op().op, args, kwargs);
+}
+
+std::string BuiltinOpNode::ToString() const {
+  std::ostringstream ss;
+  ss << TsNode::ToString();
+  for (const auto& a : arguments_) {
+    if (!a.operand) ss << ", " << a.name << "=" << a.constant;
+  }
+  return ss.str();
+}
+
+namespace {
+
+const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload) {
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
+  TORCH_CHECK(handle.has_value(), "lazy_mlir: no operator ", name, ".", overload);
+  return handle->schema();
+}
+
+}  // namespace
+
+std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
+                                     const pybind11::list& args,
+                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs) {
+  const auto& schema = findSchema(qualified_name, overload);
+  TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: ", qualified_name, " expects ",
+              schema.arguments().size(), " arguments, got ", args.size());
+
+  // The device comes from the first lazy tensor argument.
+  std::optional<torch::lazy::BackendDevice> device;
+  for (const auto& arg : args) {
+    if (THPVariable_Check(arg.ptr())) {
+      if (auto lt = torch::lazy::TryGetLtcTensor(THPVariable_Unpack(arg.ptr()))) {
+        device = lt->GetDevice();
+        break;
+      }
+    }
+  }
+  TORCH_CHECK(device, "lazy_mlir: ", qualified_name, " called without a lazy tensor argument");
+
+  std::vector<torch::lazy::Value> operand_values;
+  std::vector<BuiltinOpNode::Argument> arguments;
+  torch::lazy::hash_t hash = torch::lazy::Hash(qualified_name + "." + overload);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& formal = schema.arguments()[i];
+    BuiltinOpNode::Argument a{formal.name(), formal.kwarg_only(), std::nullopt, {}};
+    pybind11::handle value = args[i];
+    auto addOperand = [&](pybind11::handle tensor) {
+      // Wrapped numbers and CPU scalars become device data, like LTC's own kernels do.
+      auto lt = torch::lazy::GetLtcTensorOrCreateForWrappedNumber(THPVariable_Unpack(tensor.ptr()), *device);
+      operand_values.push_back(lt->GetIrValue());
+      return operand_values.size() - 1;
+    };
+    const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors());
+    if (THPVariable_Check(value.ptr())) {
+      a.operand = addOperand(value);
+    } else if (tensor_list && !value.is_none()) {
+      a.operand_list.emplace();
+      a.list_type = formal.type();
+      std::string pattern;  // which entries are None is part of the op's identity
+      for (auto item : value) {
+        a.operand_list->push_back(item.is_none() ? std::nullopt : std::optional<size_t>(addOperand(item)));
+        pattern += item.is_none() ? 'N' : 'T';
+      }
+      hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=[" + pattern + "]"));
+    } else {
+      a.constant = torch::jit::toIValue(value, formal.type());
+      std::ostringstream repr;
+      repr << a.constant;
+      hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=" + repr.str()));
+    }
+    arguments.push_back(std::move(a));
+  }
+  std::vector<torch::lazy::Shape> shapes;
+  for (const auto& [dtype, sizes] : outputs) shapes.emplace_back(dtype, sizes);
+  const size_t num_outputs = shapes.size();
+  auto node = torch::lazy::MakeNode<BuiltinOpNode>(c10::Symbol::fromQualString(qualified_name), operand_values,
+                                                   std::move(shapes), std::move(arguments), hash);
+  std::vector<at::Tensor> results;
+  for (size_t i = 0; i < num_outputs; ++i) {
+    results.push_back(torch::lazy::CreateAtenFromLtcTensor(
+        torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device)));
+  }
+  return results;
+}
+
+}  // namespace lazy_mlir

@@ -1,0 +1,50 @@
+// BuiltinOpNode: an LTC IR node for an aten op the TorchScript backend has no
+// lazy kernel for. It lowers to the TorchScript builtin of the same schema,
+// so the op runs inside the traced graph with aten's own kernel instead of
+// forcing an eager fallback (a graph execution) at every call.
+//
+// traceBuiltin() is its entry from Python: the Lazy-key kernel registered by
+// lazy_mlir.lazy_kernels gives the op, its arguments and the output shapes
+// (from meta kernels) and gets lazy tensors back.
+#pragma once
+
+#include <torch/csrc/lazy/ts_backend/ts_node.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+
+namespace lazy_mlir {
+
+class BuiltinOpNode : public torch::lazy::TsNode {
+ public:
+  // One entry per schema argument: a tensor operand, a list of optional
+  // tensor operands (Tensor[] / Tensor?[]), or a constant.
+  struct Argument {
+    std::string name;
+    bool kwarg_only = false;
+    std::optional<size_t> operand;  // index into operands(), for a tensor
+    std::optional<std::vector<std::optional<size_t>>> operand_list;  // for a tensor list
+    c10::TypePtr list_type;         // Tensor[] or Tensor?[]
+    c10::IValue constant;           // otherwise
+  };
+
+  BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands, std::vector<torch::lazy::Shape>&& shapes,
+                std::vector<Argument> arguments, torch::lazy::hash_t hash);
+
+  torch::lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
+                                torch::lazy::TSLoweringContext* loctx) const override;
+
+  std::string ToString() const override;
+
+ private:
+  std::vector<Argument> arguments_;
+};
+
+// Traces `qualified_name` ("aten::sin", overload "default" or e.g. "Tensor")
+// on lazy tensors. `args` are the schema's arguments in order (defaults
+// filled in); `outputs` are (dtype, sizes) pairs of the results.
+std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
+                                     const pybind11::list& args,
+                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs);
+
+}  // namespace lazy_mlir
