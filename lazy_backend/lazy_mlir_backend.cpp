@@ -76,6 +76,27 @@ std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
   return results;
 }
 
+std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringContext(
+    const std::string& name, torch::lazy::BackendDevice device,
+    c10::ArrayRef<const torch::lazy::Node*> post_order, torch::lazy::Util::EmissionMap emit_status) const {
+  auto context = ts_->CreateLoweringContext(name, std::move(device), post_order, std::move(emit_status));
+  // The TS lowering names the Python frame current at lowering (mark_step's)
+  // on every node; the trace-time frame is in the IR node's metadata.
+  static const auto source = c10::Symbol::attr("source");
+  auto* ts_context = static_cast<torch::lazy::TSLoweringContext*>(context.get());
+  for (const torch::lazy::Node* node : post_order) {
+    const auto& frames = node->metadata().frame_info;
+    if (frames.empty()) continue;
+    const auto& frame = frames.front();
+    const std::string where = frame.file + " " + frame.function + " " + std::to_string(frame.line);
+    for (size_t i = 0; i < node->num_outputs(); ++i) {
+      torch::jit::Node* lowered = ts_context->GetOutputOp(torch::lazy::Output(node, i))->node();
+      if (lowered->hasAttribute(source)) lowered->s_(source, where);
+    }
+  }
+  return context;
+}
+
 std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {

@@ -56,12 +56,12 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
                                            std::optional<at::ScalarType> type) const override {
     return ts_->MakeTensorFromComputationData(data, type);
   }
+  // Lowers through the TS backend, then stamps each TorchScript node with the
+  // source line recorded when its op was traced.
   std::unique_ptr<torch::lazy::LoweringContext> CreateLoweringContext(
       const std::string& name, torch::lazy::BackendDevice device,
       c10::ArrayRef<const torch::lazy::Node*> post_order,
-      torch::lazy::Util::EmissionMap emit_status) const override {
-    return ts_->CreateLoweringContext(name, std::move(device), post_order, std::move(emit_status));
-  }
+      torch::lazy::Util::EmissionMap emit_status) const override;
   std::unique_ptr<torch::lazy::LoweringContext> CreateLoweringContext(
       const std::string& name, torch::lazy::BackendDevice device) const override {
     return ts_->CreateLoweringContext(name, std::move(device));

@@ -62,6 +62,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,
         "Record the innermost user frame (skipping files under the given prefixes) on traced ops.");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
+  // LTC records a traced op's Python frames only with this flag; without it,
+  // the TS lowering names the frame of mark_step for every op.
+  m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
   m.def("stats", [] { return lazy_mlir::RunStats::get().snapshot(); });
   m.def("reset_stats", [] { lazy_mlir::RunStats::get().reset(); });
 }

@@ -33,12 +33,13 @@ def train(make_model, make_opt, batches, device, loss_fn=None, after_step=None):
     return torch.tensor(losses), params
 
 
-def assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6):
+def assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6, param_atol=None):
     (eager_losses, eager_params), (lazy_losses, lazy_params) = eager, lazy
     torch.testing.assert_close(lazy_losses, eager_losses, rtol=rtol, atol=atol)
     assert eager_params.keys() == lazy_params.keys()
     for name in eager_params:
-        torch.testing.assert_close(lazy_params[name], eager_params[name], rtol=rtol, atol=atol, msg=name)
+        torch.testing.assert_close(lazy_params[name], eager_params[name], rtol=rtol,
+                                   atol=atol if param_atol is None else param_atol, msg=name)
 
 
 # ----------------------------------------------------------------- workloads
@@ -73,3 +74,31 @@ def small_gpt():
 
 def small_gpt_batches(steps=5):
     return list(gpt_batches(SMALL_GPT, steps))
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x, y):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h)))
+        return F.cross_entropy(self.head(h.mean((2, 3))), y)
+
+
+def make_convnet(seed=0):
+    torch.manual_seed(seed)
+    return ConvNet()
+
+
+def image_batches(steps=5, batch=4, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 3, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def sgd_momentum(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -1,21 +1,37 @@
-"""Training on the lazy device gives eager PyTorch's numbers (fp32, rtol 1e-5)."""
+"""Training on the lazy device gives eager PyTorch's numbers (fp32, rtol 1e-5).
+
+Compiled groups run Inductor kernels whose reductions sum in another order
+than eager's: losses still agree to rtol 1e-5, but AdamW normalises each
+gradient element by its own running RMS, so an element whose gradient is
+~0 (pure rounding noise) moves by up to ~lr/100 differently. torch.compile
+shows the same deviation from eager (5e-6 on GPT-mini's c_fc.weight, the
+same element); parameters of AdamW runs are compared with atol 1e-5.
+"""
 import pytest
 import torch
 
-from helpers import (LAZY, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd, small_gpt,
-                      small_gpt_batches, train)
+from helpers import (LAZY, assert_same_training, image_batches, make_adamw, make_convnet, make_mlp,
+                     mlp_batches, sgd, sgd_momentum, small_gpt, small_gpt_batches, train)
 
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
+@pytest.mark.parametrize("lazy_level", ["O0", "O1", "O2"], indirect=True)
 def test_mlp_sgd_matches_eager(lazy_level):
     batches = mlp_batches()
     assert_same_training(train(make_mlp, sgd, batches, CPU), train(make_mlp, sgd, batches, LAZY))
 
 
-@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
+@pytest.mark.parametrize("lazy_level", ["O0", "O1", "O2"], indirect=True)
 def test_gpt_adamw_matches_eager(lazy_level):
     batches = small_gpt_batches()
     eager = train(small_gpt, make_adamw, batches, CPU)
-    assert_same_training(eager, train(small_gpt, make_adamw, batches, LAZY))
+    atol = 1e-6 if lazy_level == "O0" else 1e-5
+    assert_same_training(eager, train(small_gpt, make_adamw, batches, LAZY), param_atol=atol)
+
+
+@pytest.mark.parametrize("lazy_level", ["O0", "O1", "O2"], indirect=True)
+def test_convnet_batchnorm_sgd_momentum_matches_eager(lazy_level):
+    batches = image_batches()
+    eager = train(make_convnet, sgd_momentum, batches, CPU)
+    assert_same_training(eager, train(make_convnet, sgd_momentum, batches, LAZY))

@@ -40,6 +40,7 @@ def init(level: str = "O1", **options) -> config.Config:
         torch._lazy.ts_backend.init()  # the TS backend must exist before we wrap it
         _ts_initialized = True
     _C.install_source_locations(_INTERNAL_DIRS)
+    _C.set_ltc_ir_debug(cfg.source_lines)  # LTC records frames per traced op only in IR-debug mode
     lazy_kernels.install()
     module_ties.install()
     _C.set_hooks(compilable.classify, group_compiler.compile_group)

@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 LEVELS = {"O0": 0, "O1": 1, "O2": 2}
+CODEGENS = ("inductor",)
 
 
 @dataclasses.dataclass
@@ -14,21 +15,39 @@ class Config:
     level: str = "O1"
     # Where per-group IR dumps go (None: no dumps). LAZY_MLIR_DUMP_DIR sets it.
     dump_dir: str | None = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DUMP_DIR"))
+    # Kernel generator for compiled groups: "inductor" (C++ on CPU, Triton on GPU).
+    codegen: str = "inductor"
+    # MLIR pass pipeline run on every group (see mlir_passes); None: the default.
+    pipeline: str | None = None
+    # Record the user's source line of every traced op (for errors, warnings, dumps).
+    source_lines: bool = True
     # Run LTC's graph executions on its IO thread pool (FLAGS_torch_lazy_use_thread_pool).
     ltc_thread_pool: bool = False
 
     # Fields that do not change compiled code (so not part of key()).
-    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool")
+    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
-        recompiles cached graphs when it changes."""
+        recompiles cached graphs when it changes. Passes count by their
+        source, so editing a pass also changes the key."""
+        import mlir_passes
         fields = dataclasses.asdict(self)
+        fields["pipeline"] = mlir_passes.pipeline_id(self.pipeline)
         return ";".join(f"{k}={v}" for k, v in sorted(fields.items()) if k not in self._NOT_IN_KEY)
+
+    def __post_init__(self):
+        if self.pipeline is None:
+            import mlir_passes
+            self.pipeline = mlir_passes.DEFAULT_PIPELINE
 
     def validate(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"lazy_mlir: level must be one of {sorted(LEVELS)}, got {self.level!r}")
+        if self.codegen not in CODEGENS:
+            raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
+        import mlir_passes
+        mlir_passes.parse_pipeline(self.pipeline)  # unknown passes fail here, not at first compile
 
 
 current = Config()

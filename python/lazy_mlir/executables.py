@@ -1,11 +1,20 @@
 """Executables bound into CompiledGroup: callables list[Tensor] -> list[Tensor].
 
-TorchScriptExecutable runs the group's own TorchScript subgraph; the MLIR
-codegen backends plug in beside it.
+GroupExecutable lowers its group through MLIR at the group's first run (the
+inputs fix shapes and dtypes; LTC keys graphs by shape, so they do not
+change) and from then on calls the generated code directly.
+TorchScriptExecutable runs the group's own TorchScript subgraph: the
+fallback for a group that fails to lower at O1.
 """
 from __future__ import annotations
 
+import time
+import warnings
+
 import torch
+
+from . import compile_cache, config, metrics
+from .group_lowering import lower_group
 
 
 class TorchScriptExecutable:
@@ -28,3 +37,66 @@ class TorchScriptExecutable:
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         out = self.function(*inputs)
         return [out] if self.num_outputs == 1 else list(out)
+
+
+class GroupLoweringError(RuntimeError):
+    pass
+
+
+class GroupExecutable:
+    def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str):
+        self.graph = graph.copy()
+        self.name = name
+        self.cfg = cfg
+        self.describe = describe  # the group's ops and source lines, for messages
+        self.cache_key = None
+        self._run = self._first_run
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self._run(inputs)
+
+    def _first_run(self, inputs):
+        self.cache_key = compile_cache.group_key(self.graph, inputs, self.cfg.key())
+        self._use(self._lowered_for(inputs))
+        return self._run(inputs)
+
+    def _use(self, lowered):
+        self.lowered = lowered
+        if lowered is None:
+            self._run = TorchScriptExecutable(self.graph, self.name)
+        elif lowered.guards:
+            self._run = self._guarded
+        else:
+            self._run = lowered.run  # the hot path: straight into the generated code
+
+    def _guarded(self, inputs):
+        if any(inputs[i].item() != value for i, value in self.lowered.guards):
+            # A scalar whose value was baked in (a shape depends on it) changed.
+            self._use(self._lowered_for(inputs))
+            return self._run(inputs)
+        return self.lowered.run(inputs)
+
+    def _lowered_for(self, inputs):
+        lowered = compile_cache.lookup(self.cache_key, inputs)
+        if lowered is not None:
+            return lowered
+        start = time.perf_counter()
+        try:
+            lowered = lower_group(self.graph, inputs, self.name, self.cfg)
+        except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
+            reason = f"{type(exc).__name__}: {exc}"
+            metrics.record_group_failure(self.name, self.describe, reason)
+            if self.cfg.level == "O2":
+                raise GroupLoweringError(f"lazy_mlir O2: the step failed to compile ({reason}); group ops: "
+                                         f"{self.describe}. Use level=\"O1\" to run such groups in TorchScript.") from exc
+            warnings.warn(f"lazy_mlir: fusion group {self.name} [{self.describe}] failed to compile "
+                          f"({reason}); it runs in TorchScript instead", RuntimeWarning, stacklevel=1)
+            return None
+        metrics.record_group(self.name, _count_ops(self.graph), time.perf_counter() - start)
+        compile_cache.store(self.cache_key, lowered)
+        return lowered
+
+
+def _count_ops(graph: torch._C.Graph) -> int:
+    from .compilable import PLUMBING_KINDS
+    return sum(1 for n in graph.nodes() if n.kind() not in PLUMBING_KINDS)

@@ -1,22 +1,22 @@
 """The C++ backend's compile hook: one fusion group subgraph -> executable.
 
-Any failure here is reported (warning naming the group's ops and their
-source lines, and the metrics) and answered with ``None``, which makes the
-backend inline the group back into the TorchScript glue graph: a failed
-compile never loses a step. At O2 the backend turns ``None`` into an error.
+The executable lowers the group through MLIR when it first runs (its inputs
+fix shapes); any failure there is reported (a warning naming the group's ops
+and source lines, and the metrics) and the group runs in TorchScript: a
+failed compile never loses a step. At O2 a failure is an error.
+Returning ``None`` here makes the backend inline the group back at once.
 """
 from __future__ import annotations
 
 import collections
-import time
 import warnings
 
 import torch
 
-from . import compilable, dump, metrics
-from .executables import TorchScriptExecutable
+from . import compilable, config, metrics
+from .executables import GroupExecutable
 
-# Test seam: called with (graph, name) before building; raise to inject a failure.
+# Test seam: called with (graph, name) first; raise to inject a failure.
 before_build = None
 
 
@@ -44,12 +44,11 @@ def _short_source(source: str) -> str:
 
 
 def compile_group(graph: torch._C.Graph, name: str):
-    start = time.perf_counter()
+    cfg = config.current
     try:
         if before_build is not None:
             before_build(graph, name)
-        dump.write(name, "ts.txt", str(graph))
-        executable = TorchScriptExecutable(graph, name)
+        return GroupExecutable(graph, name, cfg, describe_ops(graph))
     except Exception as exc:  # noqa: BLE001 - every failure falls back to TorchScript
         ops = describe_ops(graph)
         metrics.record_group_failure(name, ops, f"{type(exc).__name__}: {exc}")
@@ -57,6 +56,3 @@ def compile_group(graph: torch._C.Graph, name: str):
                       f"({type(exc).__name__}: {exc}); it runs in TorchScript instead",
                       RuntimeWarning, stacklevel=1)
         return None
-    metrics.record_group(name, sum(1 for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS),
-                         time.perf_counter() - start)
-    return executable

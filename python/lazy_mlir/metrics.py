@@ -18,6 +18,8 @@ _fallbacks: collections.Counter = collections.Counter()
 _groups: dict[str, int] = {}          # group name -> op count
 _group_failures: dict[str, str] = {}  # group name -> reason
 _build_seconds = 0.0
+_stage_seconds: collections.Counter = collections.Counter()
+_group_cache: collections.Counter = collections.Counter()  # "hit" / "miss"
 
 # LTC counters that are syncs the user asked for, not fallbacks.
 _USER_SYNCS = {"aten::_local_scalar_dense"}
@@ -33,6 +35,16 @@ def record_group(name: str, num_ops: int, seconds: float) -> None:
     with _lock:
         _groups[name] = num_ops
         _build_seconds += seconds
+
+
+def record_stage(stage: str, seconds: float) -> None:
+    with _lock:
+        _stage_seconds[stage] += seconds
+
+
+def count_cache(outcome: str) -> None:
+    with _lock:
+        _group_cache[outcome] += 1
 
 
 def record_group_failure(name: str, ops: str, reason: str) -> None:
@@ -60,6 +72,8 @@ def snapshot() -> dict:
         groups_per_graph = collections.Counter(g.split(".")[0] for g in _groups)
         failures = dict(_group_failures)
         build_seconds = _build_seconds
+        stages = dict(_stage_seconds)
+        group_cache = dict(_group_cache)
     mark_steps = _ltc_counter("MarkStep")
     uncached, cached = _ltc_counter("UncachedCompile"), _ltc_counter("CachedCompile")
     return {
@@ -78,11 +92,14 @@ def snapshot() -> dict:
         "groups_per_graph": dict(groups_per_graph),
         "group_failures": failures,
         "group_calls": stats["group_calls"],
+        "group_cache_hits": group_cache.get("hit", 0),
+        "group_cache_misses": group_cache.get("miss", 0),
         "seconds": {
             "compile": stats["compile_ns"] / 1e9,
             "group_build": build_seconds,
             "execute": stats["execute_ns"] / 1e9,
             "group_run": stats["group_ns"] / 1e9,
+            **{f"stage.{k}": v for k, v in stages.items()},
         },
     }
 
@@ -97,6 +114,8 @@ def reset() -> None:
         _groups.clear()
         _group_failures.clear()
         _build_seconds = 0.0
+        _stage_seconds.clear()
+        _group_cache.clear()
 
 
 def report() -> str:
@@ -109,6 +128,7 @@ def report() -> str:
         f"  graph executions     {s['graph_executions']}  ({s['executions_per_mark_step']:.2f} per mark_step)",
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
         f"  group calls          {s['group_calls']}",
+        f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_misses']} misses",
     ]
     if s["groups_per_graph"]:
         per = ", ".join(f"{g}: {n}" for g, n in sorted(s["groups_per_graph"].items()))

@@ -1,0 +1,72 @@
+"""One fusion group from TorchScript to an executable, stage by stage:
+
+    TS subgraph -(ts_to_fx)-> FX -(FxImporter)-> torch dialect
+      -(mlir_passes pipeline)-> torch dialect -(export)-> FX -(codegen)-> callable
+
+Every compiled group really goes through MLIR: the code generator's input is
+exported from the module after the passes. Each stage is timed into the
+metrics and, with ``Config.dump_dir``, dumped per group.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import torch
+
+import mlir_passes
+
+from . import config, dump, metrics
+from .lowering import export_graph, import_graph
+from .lowering.ts_to_fx import ts_graph_to_fx
+
+
+@dataclasses.dataclass
+class LoweredGroup:
+    run: Callable[[list], list]       # list[Tensor] -> list[Tensor]
+    guards: list[tuple[int, object]]  # (input index, value) baked into the code
+
+
+class _Stage:
+    """Times one stage into the metrics."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        metrics.record_stage(self.name, time.perf_counter() - self.start)
+
+
+def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: config.Config) -> LoweredGroup:
+    with _Stage("ts_to_fx"):
+        gm, fake_mode, guards = ts_graph_to_fx(graph, example_inputs)
+    # The inputs' real strides (LTC hands over views too): the exported graph's
+    # placeholders are contiguous, the code must be compiled for these.
+    fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    dump.write(name, "1.fx.txt", gm.code)
+    with _Stage("fx_to_mlir"):
+        module = import_graph(gm, "group")
+    dump.write(name, "2.mlir", str(module))
+
+    def after_pass(pass_name, mod):
+        dump.write(name, f"3.after-{pass_name}.mlir", str(mod))
+
+    with _Stage("mlir_passes"):
+        mlir_passes.run_pipeline(module, cfg.pipeline, on_pass_done=after_pass if cfg.dump_dir else None)
+    with _Stage("mlir_to_fx"):
+        gm = export_graph(module, "group", fake_mode=fake_mode)
+    dump.write(name, "4.export.fx.txt", gm.code)
+    with _Stage("codegen"):
+        run = _codegen(cfg.codegen)(gm, fake_inputs, fake_mode, name)
+    return LoweredGroup(run, guards)
+
+
+def _codegen(name: str):
+    if name == "inductor":
+        from .codegen.inductor import compile_graph
+        return compile_graph
+    raise ValueError(f"lazy_mlir: unknown codegen {name!r}")

@@ -1,0 +1,263 @@
+"""torch dialect -> ATen FX graph with fake-tensor meta, for codegen after the MLIR passes.
+
+The raw imported IR maps back to ATen 1:1 (DESIGN.md): ``torch.aten.X.ovl`` is a
+call to ``torch.ops.aten.X.ovl`` with its operands in schema order. Constants,
+lists and tuples become Python values inlined into the calls that use them;
+dense literals become tensor attributes of the GraphModule.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+from torch.fx.node import map_arg
+from torch_mlir import ir
+from torch_mlir.extras.fx_importer import (
+    TORCH_DTYPE_TO_INT,
+    TORCH_DTYPE_TO_MLIR_TYPE_ASM,
+    TORCH_LAYOUT_TO_INT,
+    TORCH_MEMORY_FORMAT_TO_INT,
+)
+
+
+class ExportError(RuntimeError):
+    """An MLIR op that cannot become FX; the message names the op and its location."""
+
+
+# The importer's own spelling of each dtype (signed ints are si64, ..., bool is i1).
+_DTYPES = {asm: dtype for dtype, asm in TORCH_DTYPE_TO_MLIR_TYPE_ASM.items()}
+# The importer passes these enums as !torch.int; the schema's real type says which.
+_ENUMS = {
+    "ScalarType": {i: dtype for dtype, i in TORCH_DTYPE_TO_INT.items()},
+    "Layout": {i: layout for layout, i in TORCH_LAYOUT_TO_INT.items()},
+    "MemoryFormat": {i: fmt for fmt, i in TORCH_MEMORY_FORMAT_TO_INT.items()},
+}
+_CONSTANTS = {
+    "torch.constant.int": int,
+    "torch.constant.float": float,
+    "torch.constant.bool": bool,
+    "torch.constant.str": str,
+    "torch.constant.device": torch.device,
+    "torch.constant.number": lambda value: value,
+}
+# Typed placeholders for scalars known only at run time (ScalarImplicit of an input).
+_SCALAR_STAND_INS = {"!torch.float": 0.0, "!torch.int": 0, "!torch.bool": False}
+_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([^,>]+)>")
+_BLOB = re.compile(r'"0x([0-9A-Fa-f]*)"')
+
+
+def export_graph(module: ir.Module, func_name: str, fake_mode: FakeTensorMode | None = None) -> torch.fx.GraphModule:
+    """Rebuilds ``func.func @func_name`` of a torch-dialect module as an ATen FX graph.
+
+    Block arguments become placeholders ``arg0, arg1, ...`` whose ``meta['val']``
+    is a fake (CPU, contiguous) tensor of the argument's type, made under
+    ``fake_mode`` (a new ``FakeTensorMode(static_shapes=True)`` if None). Every
+    call node gets ``meta['val']`` by running its op on the fake inputs, checked
+    against the MLIR result type, so Inductor can compile the graph with fake
+    inputs. The graph always returns a tuple, one entry per ``func.return``
+    operand. Raises ``ExportError`` for ops with no FX equivalent.
+    """
+    func = ir.SymbolTable(module.operation)[func_name]
+    return _Exporter(fake_mode or FakeTensorMode(static_shapes=True)).run(func)
+
+
+class _Exporter:
+    def __init__(self, fake_mode: FakeTensorMode):
+        self.fake_mode = fake_mode
+        self.graph = torch.fx.Graph()
+        self.env: dict[ir.Value, Any] = {}  # MLIR value -> fx.Node or inlined Python value
+        self.constants: dict[str, torch.Tensor] = {}
+
+    def run(self, func) -> torch.fx.GraphModule:
+        block = func.regions[0].blocks[0]
+        for i, arg in enumerate(block.arguments):
+            node = self.graph.placeholder(f"arg{i}")
+            shape, dtype = _tensor_type(str(arg.type), f"argument {i}")
+            with self.fake_mode:
+                node.meta["val"] = torch.empty(shape, dtype=dtype)
+            self.env[arg] = node
+        for op in block.operations:
+            op = op.operation
+            try:
+                values = self._export(op)
+            except Exception as e:
+                raise ExportError(f"cannot export {_describe(op)}: {e}") from e
+            self.env.update(zip(op.results, values))
+        return torch.fx.GraphModule(self.constants, self.graph)
+
+    def _export(self, op: ir.Operation) -> list:
+        """The FX node or Python value of each result of ``op``."""
+        name = op.name
+        if len(op.regions):
+            raise ExportError("ops with regions are not supported")
+        operands = [self.env[v] for v in op.operands]
+        if name in _CONSTANTS:
+            return [_CONSTANTS[name](op.attributes["value"].value)]
+        if name == "torch.constant.none":
+            return [None]
+        if name == "torch.prim.ListConstruct":
+            return [operands]
+        if name == "torch.prim.TupleConstruct":
+            return [tuple(operands)]
+        if name in ("torch.prim.ListUnpack", "torch.prim.TupleUnpack"):
+            return self._items(operands[0], op)
+        if name == "torch.prim.TupleIndex":
+            return [self._item(*operands)]
+        if name == "torch.derefine":  # only refines the static type
+            return operands
+        if name == "torch.vtensor.literal":
+            return [self._literal(op)]
+        if name == "torch.prim.NumToTensor.Scalar":
+            dtype = _tensor_type(str(op.results[0].type), "result")[1]
+            return self._emit(op, torch.ops.aten.scalar_tensor.default, operands, {"dtype": dtype})
+        if name == "func.return":
+            self.graph.output(tuple(operands))
+            return []
+        target = _aten_target(op.attributes["name"].value if name == "torch.operator" else name)
+        if target is None:
+            raise ExportError("unsupported op: no torch.ops overload of that name")
+        return self._call(op, target, operands)
+
+    def _call(self, op: ir.Operation, target, operands: list) -> list:
+        plan = _arg_plan(target)
+        if len(plan) != len(operands):
+            raise ExportError(f"{len(operands)} operands but {target} takes {len(plan)} arguments")
+        args, kwargs = [], {}
+        for (arg_name, kwarg_only, enum), value in zip(plan, operands):
+            if enum is not None and isinstance(value, int):
+                value = enum[value]
+            if kwarg_only:
+                kwargs[arg_name] = value
+            else:
+                args.append(value)
+        return self._emit(op, target, args, kwargs)
+
+    def _emit(self, op: ir.Operation, target, args: list, kwargs: dict) -> list:
+        node = self.graph.call_function(target, tuple(args), kwargs)
+        node.meta["val"] = self._fake_result(op, node)
+        if len(target._schema.returns) < 2:
+            return [node] * len(op.results)
+        return self._items(node, op)
+
+    def _fake_result(self, op: ir.Operation, node: torch.fx.Node):
+        fake_args, fake_kwargs = map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+        try:
+            with self.fake_mode:
+                val = node.target(*fake_args, **fake_kwargs)
+        except DataDependentOutputException:  # a scalar read from a tensor, e.g. ScalarImplicit
+            return _scalar_stand_in(str(op.results[0].type), fake_args)
+        _check_types(op, val)
+        return val
+
+    def _items(self, container, op: ir.Operation) -> list:
+        """The elements of ``container`` that ``op``'s used results stand for (a getitem each)."""
+        return [self._item(container, i) if _has_uses(r) else None for i, r in enumerate(op.results)]
+
+    def _item(self, container, index: int):
+        if not isinstance(container, torch.fx.Node):
+            return container[index]
+        node = self.graph.call_function(operator.getitem, (container, index))
+        node.meta["val"] = container.meta["val"][index]
+        return node
+
+    def _literal(self, op: ir.Operation) -> torch.fx.Node:
+        shape, dtype = _tensor_type(str(op.results[0].type), "result")
+        name = f"_tensor_constant{len(self.constants)}"
+        self.constants[name] = tensor = _literal_tensor(op, shape, dtype)
+        node = self.graph.get_attr(name)
+        node.meta["val"] = self.fake_mode.from_tensor(tensor)
+        return node
+
+
+@cache
+def _tensor_type(type_asm: str, what: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """(shape, dtype) of a static ``!torch.vtensor<[2,3],f32>``."""
+    match = _VTENSOR.fullmatch(type_asm)
+    if not match or "?" in match[1] or match[2] not in _DTYPES:
+        raise ExportError(f"{what} has type {type_asm}, not a static !torch.vtensor of a known dtype")
+    shape = tuple(int(d) for d in match[1].split(",")) if match[1] else ()
+    return shape, _DTYPES[match[2]]
+
+
+@cache
+def _aten_target(mlir_name: str):
+    """``torch.<ns>.<op>[.<overload>]`` -> ``torch.ops.<ns>.<op>.<overload>`` (None if absent)."""
+    parts = mlir_name.split(".")
+    if parts[0] != "torch" or len(parts) not in (3, 4):
+        return None
+    namespace, op_name, overload = parts[1], parts[2], parts[3] if len(parts) == 4 else "default"
+    try:
+        target = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
+    except (AttributeError, RuntimeError):
+        return None
+    return target if isinstance(target, torch._ops.OpOverload) else None
+
+
+@cache
+def _arg_plan(target) -> tuple[tuple[str, bool, dict | None], ...]:
+    """(name, kwarg-only, enum table) for each schema argument of ``target``."""
+    def enum_of(arg):
+        return _ENUMS.get(str(arg.real_type).removeprefix("Optional[").removesuffix("]"))
+    return tuple((arg.name, arg.kwarg_only, enum_of(arg)) for arg in target._schema.arguments)
+
+
+def _has_uses(value: ir.Value) -> bool:
+    return next(iter(value.uses), None) is not None
+
+
+def _scalar_stand_in(type_asm: str, fake_args):
+    """A typed placeholder for a scalar result only known at run time."""
+    if type_asm in _SCALAR_STAND_INS:
+        return _SCALAR_STAND_INS[type_asm]
+    tensors = [a for a in fake_args if isinstance(a, torch.Tensor)]
+    if type_asm != "!torch.number" or not tensors:
+        raise ExportError(f"its {type_asm} result depends on tensor data")
+    return 0.0 if tensors[0].dtype.is_floating_point else 0  # ScalarImplicit: the tensor's dtype decides
+
+
+def _check_types(op: ir.Operation, val) -> None:
+    """The fake result must agree with the MLIR result types (catches pass bugs early)."""
+    vals = val if len(op.results) > 1 else (val,)
+    for i, (result, fake) in enumerate(zip(op.results, vals)):
+        type_asm = str(result.type)
+        if not type_asm.startswith("!torch.vtensor<"):
+            continue
+        expected = _tensor_type(type_asm, f"result {i}")
+        if not isinstance(fake, torch.Tensor) or (tuple(fake.shape), fake.dtype) != expected:
+            got = (tuple(fake.shape), fake.dtype) if isinstance(fake, torch.Tensor) else type(fake).__name__
+            raise ExportError(f"result {i} is {got} when run, but {type_asm} in MLIR")
+
+
+def _literal_tensor(op: ir.Operation, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    attr = op.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr):
+        if attr.is_splat:
+            return torch.full(shape, attr.get_splat_value().value, dtype=dtype)
+        return torch.from_numpy(np.array(attr)).to(dtype).reshape(shape)
+    ir.DenseResourceElementsAttr(attr)  # raises ValueError for any other attribute kind
+    return torch.frombuffer(bytearray(_resource_blob(op)), dtype=dtype).reshape(shape)
+
+
+def _resource_blob(op: ir.Operation) -> bytes:
+    """The bytes behind a ``dense_resource``. The Python API cannot read a blob, but
+    a detached op prints the blobs it uses (only top-level ops print resources)."""
+    clone = op.clone(ip=False)
+    try:
+        match = _BLOB.search(clone.get_asm())
+    finally:
+        clone.erase()
+    if match is None:
+        raise ExportError("the dense_resource blob is missing (elided?)")
+    return bytes.fromhex(match[1])[4:]  # the blob starts with its 4-byte alignment
+
+
+def _describe(op: ir.Operation) -> str:
+    text = op.get_asm(large_elements_limit=4, skip_regions=True, assume_verified=True).strip().splitlines()[0]
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return f"'{op.name}' at {op.location}: {text}"
