@@ -5,7 +5,7 @@ import dataclasses
 import os
 
 LEVELS = {"O0": 0, "O1": 1, "O2": 2}
-CODEGENS = ("inductor",)
+CODEGENS = ("inductor", "mlir-llvm")
 
 
 @dataclasses.dataclass
@@ -15,7 +15,8 @@ class Config:
     level: str = "O1"
     # Where per-group IR dumps go (None: no dumps). LAZY_MLIR_DUMP_DIR sets it.
     dump_dir: str | None = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DUMP_DIR"))
-    # Kernel generator for compiled groups: "inductor" (C++ on CPU, Triton on GPU).
+    # Kernel generator for compiled groups: "inductor" (C++ on CPU, Triton on GPU), or
+    # "mlir-llvm" (MLIR's loops through LLVM; groups it cannot lower use Inductor).
     codegen: str = "inductor"
     # MLIR pass pipeline run on every group (see mlir_passes); None: the default.
     pipeline: str | None = None

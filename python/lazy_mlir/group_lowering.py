@@ -42,6 +42,7 @@ class _Stage:
 
 
 def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: config.Config) -> LoweredGroup:
+    dump.write(name, "0.ts.txt", str(graph))
     with _Stage("ts_to_fx"):
         gm, fake_mode, guards = ts_graph_to_fx(graph, example_inputs)
     # The inputs' real strides (LTC hands over views too): the exported graph's
@@ -57,16 +58,23 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
 
     with _Stage("mlir_passes"):
         mlir_passes.run_pipeline(module, cfg.pipeline, on_pass_done=after_pass if cfg.dump_dir else None)
+    if cfg.codegen == "mlir-llvm":
+        from .codegen.mlir_llvm import try_compile_module
+        with _Stage("codegen"):
+            run = try_compile_module(module, fake_inputs, name)
+        if run is not None:  # else: unsupported, Inductor compiles the group
+            return LoweredGroup(run, guards)
     with _Stage("mlir_to_fx"):
         gm = export_graph(module, "group", fake_mode=fake_mode)
     dump.write(name, "4.export.fx.txt", gm.code)
     with _Stage("codegen"):
-        run = _codegen(cfg.codegen)(gm, fake_inputs, fake_mode, name)
+        run, code = _codegen(cfg.codegen)(gm, fake_inputs, fake_mode, name)
+    dump.write(name, "5.generated.py", code)
     return LoweredGroup(run, guards)
 
 
 def _codegen(name: str):
-    if name == "inductor":
+    if name in ("inductor", "mlir-llvm"):  # mlir-llvm's unsupported groups
         from .codegen.inductor import compile_graph
         return compile_graph
     raise ValueError(f"lazy_mlir: unknown codegen {name!r}")
