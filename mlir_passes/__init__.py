@@ -13,7 +13,7 @@ from .registry import available_passes, get_pass, register
 # the rewrites add. canonicalize is left out: it folds constant-shaped
 # aten.zeros/ones into torch.vtensor.literal, which has no ATen op to export
 # to FX (tests/mlir/canonicalize.mlir).
-DEFAULT_PIPELINE = "fold-copy-ops,scalar-implicit-to-tensor,cse"
+DEFAULT_PIPELINE = "fold-copy-ops,scalar-implicit-to-tensor,specialize-scalars,cse"
 
 __all__ = ["DEFAULT_PIPELINE", "Pass", "PassError", "PipelineError", "available_passes", "get_pass",
            "parse_pipeline", "pipeline_id", "register", "run_pipeline"]

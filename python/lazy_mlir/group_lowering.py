@@ -10,12 +10,15 @@ metrics and, with ``Config.dump_dir``, dumped per group.
 from __future__ import annotations
 
 import dataclasses
+import struct
 import time
 from typing import Callable
 
 import torch
 
 import mlir_passes
+from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
+from torch_mlir import ir
 
 from . import config, dump, metrics
 from .lowering import export_graph, import_graph
@@ -50,7 +53,7 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     dump.write(name, "1.fx.txt", gm.code)
     with _Stage("fx_to_mlir"):
-        module = import_graph(gm, "group")
+        module = import_graph(gm, "group", _scalar_values(example_inputs))
     dump.write(name, "2.mlir", str(module))
 
     def after_pass(pass_name, mod):
@@ -64,6 +67,7 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
             run = try_compile_module(module, fake_inputs, name)
         if run is not None:  # else: unsupported, Inductor compiles the group
             return LoweredGroup(run, guards)
+    guards += _specialized_arguments(module, example_inputs)
     with _Stage("mlir_to_fx"):
         gm = export_graph(module, "group", fake_mode=fake_mode)
     dump.write(name, "4.export.fx.txt", gm.code)
@@ -71,6 +75,29 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
         run, code = _codegen(cfg.codegen)(gm, fake_inputs, fake_mode, name)
     dump.write(name, "5.generated.py", code)
     return LoweredGroup(run, guards)
+
+
+def _scalar_values(inputs: list) -> dict[int, dict[str, str]]:
+    """Each 0-d input's value as an argument attribute, for specialize-scalars."""
+    attrs = {}
+    for i, t in enumerate(inputs):
+        if t.dim() != 0 or t.dtype == torch.bool:
+            continue
+        if t.dtype.is_floating_point:
+            bits = struct.unpack("<Q", struct.pack("<d", t.item()))[0]  # exact, inf and nan included
+            attrs[i] = {VALUE_ATTR: f"0x{bits:016X} : f64"}
+        elif not t.dtype.is_complex:
+            attrs[i] = {VALUE_ATTR: f"{t.item()} : i64"}
+    return attrs
+
+
+def _specialized_arguments(module, inputs: list) -> list[tuple[int, object]]:
+    """Guards for the arguments whose value the passes baked into the code."""
+    func = next(op for op in module.body.operations if op.operation.name == "func.func")
+    if "arg_attrs" not in func.attributes:
+        return []
+    return [(i, inputs[i].item()) for i, attrs in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"]))
+            if SPECIALIZED_ATTR in ir.DictAttr(attrs)]
 
 
 def _codegen(name: str):

@@ -63,7 +63,7 @@ def test_every_pass_is_described_and_the_default_pipeline_parses():
     for flag in mlir_passes.available_passes():
         assert mlir_passes.get_pass(flag).description()
     assert [p.name for p in mlir_passes.parse_pipeline(mlir_passes.DEFAULT_PIPELINE)] == [
-        "fold-copy-ops", "scalar-implicit-to-tensor", "cse"]
+        "fold-copy-ops", "scalar-implicit-to-tensor", "specialize-scalars", "cse"]
 
 
 def test_a_pass_must_live_in_the_file_named_after_its_flag():

@@ -1,0 +1,90 @@
+"""codegen="mlir-llvm": groups compiled by MLIR's LLVM backend match eager;
+groups it cannot lower fall back to Inductor with the reason recorded."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import lazy_mlir
+from helpers import LAZY, assert_same_training, make_mlp, mlp_batches, sgd, train
+from lazy_mlir import metrics
+from lazy_mlir.codegen import mlir_llvm
+from lazy_mlir.lowering import import_graph
+
+CPU = torch.device("cpu")
+
+
+def compile_fn(f, *inputs):
+    gm = make_fx(f)(*inputs)
+    return mlir_llvm.compile_module(import_graph(gm, "group"), list(inputs), "test")
+
+
+@pytest.fixture
+def mlir_llvm_codegen():
+    lazy_mlir.init("O1", codegen="mlir-llvm")
+    metrics.reset()
+    mlir_llvm.compiled_groups.clear()
+    mlir_llvm.fallbacks.clear()
+    try:
+        yield
+    finally:
+        lazy_mlir.init("O1")
+
+
+def test_linear_relu_sum_matches_eager():
+    def f(x, w, b):
+        return (F.relu(F.linear(x, w, b)).sum(),)
+
+    inputs = (torch.randn(8, 16), torch.randn(4, 16), torch.randn(4))
+    got = compile_fn(f, *inputs)(list(inputs))
+    torch.testing.assert_close(got, list(f(*inputs)), rtol=1e-5, atol=1e-6)
+
+
+def test_calling_convention_edge_cases():
+    # A value returned twice, an input returned as is, a non-contiguous
+    # input, int64 and bool results.
+    def f(x, i):
+        y = x * 2
+        return y, y, x, (i + 1), x > 0
+
+    x, i = torch.randn(3, 5), torch.arange(6)
+    run = compile_fn(f, x, i)
+    x_view = torch.randn(5, 3).t()
+    got = run([x_view, i])
+    expected = f(x_view, i)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    assert got[2].data_ptr() != x_view.data_ptr()  # an output never aliases an input
+
+
+def test_random_numbers_are_unsupported():
+    # torch-mlir's generator cannot reproduce PyTorch's numbers.
+    def f(x):
+        return (x + torch.rand_like(x),)
+
+    with pytest.raises(mlir_llvm.UnsupportedGroup, match="random numbers"):
+        compile_fn(f, torch.randn(4))
+
+
+def test_mlp_training_matches_eager(mlir_llvm_codegen):
+    batches = mlp_batches(steps=3)
+    eager = train(make_mlp, sgd, batches, CPU)
+    assert_same_training(eager, train(make_mlp, sgd, batches, LAZY))
+    assert mlir_llvm.compiled_groups, "no group ran through mlir-llvm"
+    assert not mlir_llvm.fallbacks
+
+
+def test_unsupported_group_falls_back_to_inductor(mlir_llvm_codegen):
+    # torch-mlir has no linalg lowering of lgamma; Inductor has.
+    def f(x):
+        return torch.lgamma(x.abs() + 1).sum(0) * 2
+
+    x = torch.rand(4, 8)
+    out = f(x.to(LAZY))
+    torch._lazy.mark_step()
+    torch.testing.assert_close(out.cpu(), f(x))
+    reasons = list(mlir_llvm.fallbacks)
+    assert len(reasons) == 1 and "torch.aten.lgamma" in reasons[0]
+    assert not mlir_llvm.compiled_groups
+    assert not metrics.snapshot()["group_failures"]  # compiled by Inductor, not left to TorchScript
