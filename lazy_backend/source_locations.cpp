@@ -5,6 +5,8 @@
 
 #include <frameobject.h>
 
+#include <unordered_map>
+
 namespace lazy_mlir {
 
 namespace {
@@ -14,12 +16,31 @@ std::vector<std::string>& internalPrefixes() {
   return *prefixes;
 }
 
-bool isInternal(const std::string& file) {
+bool isInternalFile(const std::string& file) {
   if (file.empty() || file[0] == '<') return true;  // <frozen runpy>, <string>, ...
   for (const auto& prefix : internalPrefixes()) {
     if (file.compare(0, prefix.size(), prefix) == 0) return true;
   }
   return false;
+}
+
+struct CodeInfo {
+  bool internal;
+  std::string file, function;
+};
+
+// Called for every traced op: remember what we need per code object (they
+// live as long as their functions; only read and written under the GIL).
+const CodeInfo& codeInfo(PyCodeObject* code) {
+  static auto* known = new std::unordered_map<PyCodeObject*, CodeInfo>();
+  auto it = known->find(code);
+  if (it == known->end()) {
+    std::string file = pybind11::cast<std::string>(pybind11::handle(code->co_filename));
+    const bool internal = isInternalFile(file);
+    it = known->emplace(code, CodeInfo{internal, std::move(file),
+                                       pybind11::cast<std::string>(pybind11::handle(code->co_name))}).first;
+  }
+  return it->second;
 }
 
 std::vector<torch::lazy::SourceLocation> innermostUserFrame() {
@@ -30,11 +51,8 @@ std::vector<torch::lazy::SourceLocation> innermostUserFrame() {
   std::vector<torch::lazy::SourceLocation> result;
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);
-    std::string file = pybind11::cast<std::string>(pybind11::handle(code->co_filename));
-    if (!isInternal(file)) {
-      result.push_back({file, pybind11::cast<std::string>(pybind11::handle(code->co_name)),
-                        PyFrame_GetLineNumber(frame)});
-    }
+    const CodeInfo& info = codeInfo(code);
+    if (!info.internal) result.push_back({info.file, info.function, PyFrame_GetLineNumber(frame)});
     Py_DECREF(code);
     PyFrameObject* back = result.empty() ? PyFrame_GetBack(frame) : nullptr;
     Py_DECREF(frame);
@@ -46,6 +64,7 @@ std::vector<torch::lazy::SourceLocation> innermostUserFrame() {
 }  // namespace
 
 void installSourceLocations(std::vector<std::string> internal_prefixes) {
+  pybind11::gil_scoped_acquire gil;
   internalPrefixes() = std::move(internal_prefixes);
   torch::lazy::GetPythonFramesFunction() = innermostUserFrame;
 }

@@ -109,3 +109,15 @@ def test_failing_decomposition_falls_back_to_the_builtin(lazy_level, monkeypatch
     kernel(x.to(LAZY), y.to(LAZY))  # no second warning
     torch.testing.assert_close(out.cpu(), torch.logaddexp(x, y))
     assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_inplace_ops_keep_their_shape_and_dtype_checks(lazy_level):
+    """In-place pointwise ops get a C++ Meta kernel (functionalization's shape
+    check); it must reject what eager rejects."""
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        torch.ones(3, dtype=torch.long).to(LAZY).mul_(0.5)
+    with pytest.raises(RuntimeError, match=r"doesn't match the broadcast shape \[2, 3\]"):
+        torch.ones(3).to(LAZY).add_(torch.ones(2, 3).to(LAZY))
+    a, b = torch.randn(2, 3), torch.randn(3)
+    out = a.to(LAZY).addcmul_(b.to(LAZY), b.to(LAZY), value=0.5).lerp_(b.to(LAZY), 0.25)
+    torch.testing.assert_close(out.cpu(), a.clone().addcmul_(b, b, value=0.5).lerp_(b, 0.25))

@@ -10,11 +10,11 @@
 """
 from __future__ import annotations
 
+import os
+
 import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
-
-import os
 
 from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties
 from . import _C

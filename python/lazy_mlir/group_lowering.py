@@ -61,13 +61,13 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
 
     with _Stage("mlir_passes"):
         mlir_passes.run_pipeline(module, cfg.pipeline, on_pass_done=after_pass if cfg.dump_dir else None)
+    guards += _specialized_arguments(module, example_inputs)
     if cfg.codegen == "mlir-llvm":
         from .codegen.mlir_llvm import try_compile_module
         with _Stage("codegen"):
             run = try_compile_module(module, fake_inputs, name)
         if run is not None:  # else: unsupported, Inductor compiles the group
             return LoweredGroup(run, guards)
-    guards += _specialized_arguments(module, example_inputs)
     with _Stage("mlir_to_fx"):
         gm = export_graph(module, "group", fake_mode=fake_mode)
     dump.write(name, "4.export.fx.txt", gm.code)

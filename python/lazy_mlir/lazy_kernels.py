@@ -209,12 +209,39 @@ def builtin_ops() -> list[str]:
     return sorted(_BUILTIN)
 
 
+def _inplace_pointwise_with_python_meta():
+    """In-place pointwise ops (``mul_``, ``addcdiv_``, ``lerp_``...) whose Meta
+    kernel is a Python ref: functionalization calls it on every in-place op
+    of a lazy tensor (see lazy_backend/inplace_meta.h)."""
+    import torch._meta_registrations  # noqa: F401 - registers the Python kernels we replace
+
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::"):
+            continue
+        name, _, overload = qualified[len("aten::"):].partition(".")
+        if not name.endswith("_") or name.startswith("_"):
+            continue
+        op = getattr(getattr(aten, name, None), overload or "default", None)
+        if not isinstance(op, torch._ops.OpOverload) or torch.Tag.pointwise not in op.tags:
+            continue
+        schema = op._schema
+        first = schema.arguments[0] if schema.arguments else None
+        if first is None or first.alias_info is None or not first.alias_info.is_write or len(schema.returns) != 1:
+            continue
+        if any(isinstance(a.type, torch.ListType) for a in schema.arguments):
+            continue
+        meta = [line for line in torch._C._dispatch_dump_table(qualified).splitlines() if line.startswith("Meta:")]
+        if meta and ".py:" in meta[0]:
+            yield qualified[len("aten::"):]
+
+
 def install() -> None:
     """Register all Lazy-key kernels. Idempotent."""
     global _LIB
     if _LIB is not None:
         return
     _LIB = torch.library.Library("aten", "IMPL")
+    _C.register_inplace_meta(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
         _LIB.impl(name, fn, "Lazy")
     from torch._decomp import decomposition_table

@@ -7,8 +7,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import lazy_mlir
 from helpers import LAZY, assert_same_training, make_mlp, mlp_batches, sgd, train
-from lazy_mlir import metrics
+from lazy_mlir import config, metrics
 from lazy_mlir.codegen import mlir_llvm
+from lazy_mlir.group_lowering import lower_group
 from lazy_mlir.lowering import import_graph
 
 CPU = torch.device("cpu")
@@ -58,13 +59,30 @@ def test_calling_convention_edge_cases():
     assert got[2].data_ptr() != x_view.data_ptr()  # an output never aliases an input
 
 
-def test_random_numbers_are_unsupported():
-    # torch-mlir's generator cannot reproduce PyTorch's numbers.
-    def f(x):
-        return (x + torch.rand_like(x),)
+@pytest.mark.parametrize("f, x, reason", [
+    (torch.lgamma, torch.rand(4), "torch.aten.lgamma"),  # no linalg lowering
+    (lambda x: x + torch.rand_like(x), torch.rand(4), "random numbers"),  # torch-mlir's own generator
+    (lambda x: x * 2, torch.ones(4, dtype=torch.int8), "8-bit integer"),  # would crash torch-mlir
+], ids=["no-lowering", "random", "int8"])
+def test_unsupported_group_names_the_reason(f, x, reason):
+    with pytest.raises(mlir_llvm.UnsupportedGroup, match=reason):
+        compile_fn(lambda x: (f(x),), x)
 
-    with pytest.raises(mlir_llvm.UnsupportedGroup, match="random numbers"):
-        compile_fn(f, torch.randn(4))
+
+def test_specialized_scalar_keeps_its_guard():
+    # leaky_relu's slope has no tensor form: specialize-scalars bakes it in,
+    # and the caller must still be told to check it.
+    graph = torch._C.parse_ir('''
+        graph(%x : Tensor, %slope : Tensor):
+          %s : Scalar = aten::ScalarImplicit(%slope)
+          %y : Tensor = aten::leaky_relu(%x, %s)
+          return (%y)''')
+    x, slope = torch.randn(4, 8), torch.tensor(0.25)
+    mlir_llvm.compiled_groups.clear()
+    lowered = lower_group(graph, [x, slope], "test", config.Config(codegen="mlir-llvm"))
+    assert mlir_llvm.compiled_groups["test"] == 1
+    assert lowered.guards == [(1, 0.25)]
+    torch.testing.assert_close(lowered.run([x, slope])[0], F.leaky_relu(x, 0.25), rtol=0, atol=0)
 
 
 def test_mlp_training_matches_eager(mlir_llvm_codegen):
