@@ -25,18 +25,20 @@ VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir
             "lazy_mlir_O2"]
 
 
-def _step_fn(variant: str):
+def _step_fn(variant: str, init_options: dict):
     import torch
     from lazy_mlir.models import GPTConfig, make_adamw, make_gpt
 
-    cfg = GPTConfig()
+    # The stock TS backend returns CPU tensors from split: it runs the same
+    # model with q, k, v sliced instead.
+    cfg = GPTConfig(split_qkv=variant != "ts_lazy")
     lazy = variant.startswith(("ts_lazy", "lazy_mlir"))
     if variant == "ts_lazy":
         import torch._lazy.ts_backend
         torch._lazy.ts_backend.init()
     elif lazy:
         import lazy_mlir
-        lazy_mlir.init(variant.rsplit("_", 1)[1])
+        lazy_mlir.init(variant.rsplit("_", 1)[1], **init_options)
     device = torch.device("lazy" if lazy else "cpu")
     model = make_gpt(cfg).to(device)
     opt = make_adamw(model)
@@ -58,12 +60,11 @@ def _step_fn(variant: str):
     return step, stats, cfg
 
 
-def run_variant(variant: str, steps: int, warmup: int) -> dict:
-    """Runs in the child process."""
-    import torch
+def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
+    """Runs in the child process. ``init_options`` go to lazy_mlir.init()."""
     from lazy_mlir.models import gpt_batches
 
-    step, stats, cfg = _step_fn(variant)
+    step, stats, cfg = _step_fn(variant, init_options or {})
     lazy_metrics = None
     if variant.startswith("lazy_mlir"):
         from lazy_mlir import metrics as lazy_metrics
@@ -84,6 +85,7 @@ def run_variant(variant: str, steps: int, warmup: int) -> dict:
         "ms_per_step": median * 1000,
         "compile_s": sum(max(0.0, t - median) for t in times[:warmup]),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "steps": steps,
         "final_loss": losses[-1],
         "losses": losses,
     }
@@ -102,6 +104,16 @@ def run_variant(variant: str, steps: int, warmup: int) -> dict:
     return result
 
 
+def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict | None:
+    cmd = [sys.executable, __file__, "--child", variant, "--steps", str(steps), "--warmup", str(warmup),
+           "--init-options", json.dumps(init_options or {})]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if proc.returncode != 0:
+        print(f"  {variant} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
@@ -109,20 +121,20 @@ def main():
     parser.add_argument("--only", default=",".join(VARIANTS))
     parser.add_argument("--json", default="gpt_step.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--init-options", default="{}", help="JSON dict for lazy_mlir.init()")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(args.child, args.steps, args.warmup)))
+        print(json.dumps(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options))))
         return
 
     results = {}
     for variant in args.only.split(","):
         print(f"running {variant} ...", file=sys.stderr, flush=True)
-        cmd = [sys.executable, __file__, "--child", variant, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-        if proc.returncode != 0:
-            print(f"  {variant} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-            continue
-        results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+        # The stock TS backend takes seconds per step (eager fallbacks): fewer steps.
+        steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
+        result = run_in_subprocess(variant, steps, warmup, json.loads(args.init_options))
+        if result is not None:
+            results[variant] = result
 
     eager = results.get("eager", {}).get("ms_per_step")
     best_compile = min((results[v]["ms_per_step"] for v in ("compile_model", "compile_model_opt") if v in results),
@@ -139,6 +151,9 @@ def main():
               f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
               f"{(str(round(r['trace_overhead_pct'], 1)) + '%') if 'trace_overhead_pct' in r else '':>10}"
               f"{r['final_loss']:>9.4f}")
+    if "ts_lazy" in results:
+        print("  ts_lazy: the stock torch._lazy TorchScript backend, q/k/v sliced (its split returns CPU "
+              f"tensors), {results['ts_lazy']['steps']} timed steps")
     if "eager" in results:
         ref = results["eager"]["losses"]
         for v, r in results.items():

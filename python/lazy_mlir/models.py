@@ -23,12 +23,16 @@ class GPTConfig:
     vocab_size: int = 1024
     block_size: int = 128
     batch_size: int = 8
+    # nanoGPT's literal c_attn(x).split(C, dim=2); False slices instead (the
+    # stock TS lazy backend returns CPU tensors from split).
+    split_qkv: bool = True
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
+        self.split_qkv = cfg.split_qkv
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size))
@@ -36,7 +40,11 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        qkv = self.c_attn(x)
+        if self.split_qkv:
+            q, k, v = qkv.split(C, dim=2)
+        else:
+            q, k, v = qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
         hs = C // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)

@@ -17,6 +17,7 @@ import operator
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 
 class ConversionError(RuntimeError):
@@ -162,7 +163,9 @@ def ts_graph_to_fx(graph: torch._C.Graph, example_inputs, fake_mode: FakeTensorM
     """Returns (GraphModule, fake_mode, guards). ``example_inputs`` fix shapes
     and dtypes; ``guards`` lists (input index, value) of scalar inputs whose
     value was baked in."""
-    fake_mode = fake_mode or FakeTensorMode(static_shapes=True)
+    # A ShapeEnv (with only static shapes in it) lets Inductor use its FX
+    # graph cache: without one it bypasses the cache ("No shape env").
+    fake_mode = fake_mode or FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
     converter = _Converter(graph, fake_mode)
     gm = converter.convert(example_inputs)
     return gm, fake_mode, converter.guards
