@@ -8,7 +8,6 @@ fallback for a group that fails to lower at O1.
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
@@ -80,7 +79,6 @@ class GroupExecutable:
         lowered = compile_cache.lookup(self.cache_key, inputs)
         if lowered is not None:
             return lowered
-        start = time.perf_counter()
         try:
             lowered = lower_group(self.graph, inputs, self.name, self.cfg)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
@@ -92,11 +90,5 @@ class GroupExecutable:
             warnings.warn(f"lazy_mlir: fusion group {self.name} [{self.describe}] failed to compile "
                           f"({reason}); it runs in TorchScript instead", RuntimeWarning, stacklevel=1)
             return None
-        metrics.record_group(self.name, _count_ops(self.graph), time.perf_counter() - start)
         compile_cache.store(self.cache_key, lowered)
         return lowered
-
-
-def _count_ops(graph: torch._C.Graph) -> int:
-    from .compilable import PLUMBING_KINDS
-    return sum(1 for n in graph.nodes() if n.kind() not in PLUMBING_KINDS)

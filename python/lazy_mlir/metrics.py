@@ -17,7 +17,6 @@ _lock = threading.Lock()
 _fallbacks: collections.Counter = collections.Counter()
 _groups: dict[str, int] = {}          # group name -> op count
 _group_failures: dict[str, str] = {}  # group name -> reason
-_build_seconds = 0.0
 _stage_seconds: collections.Counter = collections.Counter()
 _group_cache: collections.Counter = collections.Counter()  # "hit" / "miss"
 
@@ -30,11 +29,10 @@ def count_fallback(op_name: str) -> None:
         _fallbacks[op_name] += 1
 
 
-def record_group(name: str, num_ops: int, seconds: float) -> None:
-    global _build_seconds
+def record_group(name: str, num_ops: int) -> None:
+    """A fusion group bound into a graph (it compiles at its first run)."""
     with _lock:
         _groups[name] = num_ops
-        _build_seconds += seconds
 
 
 def record_stage(stage: str, seconds: float) -> None:
@@ -71,7 +69,6 @@ def snapshot() -> dict:
         fallbacks.update(_fallbacks)
         groups_per_graph = collections.Counter(g.split(".")[0] for g in _groups)
         failures = dict(_group_failures)
-        build_seconds = _build_seconds
         stages = dict(_stage_seconds)
         group_cache = dict(_group_cache)
     mark_steps = _ltc_counter("MarkStep")
@@ -96,7 +93,7 @@ def snapshot() -> dict:
         "group_cache_misses": group_cache.get("miss", 0),
         "seconds": {
             "compile": stats["compile_ns"] / 1e9,
-            "group_build": build_seconds,
+            "group_build": sum(stages.values()),
             "execute": stats["execute_ns"] / 1e9,
             "group_run": stats["group_ns"] / 1e9,
             **{f"stage.{k}": v for k, v in stages.items()},
@@ -105,7 +102,6 @@ def snapshot() -> dict:
 
 
 def reset() -> None:
-    global _build_seconds
     from . import _C
     ltc_metrics.reset()
     _C.reset_stats()
@@ -113,7 +109,6 @@ def reset() -> None:
         _fallbacks.clear()
         _groups.clear()
         _group_failures.clear()
-        _build_seconds = 0.0
         _stage_seconds.clear()
         _group_cache.clear()
 
