@@ -32,18 +32,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is kept")
     args = parser.parse_args()
     default = mlir_passes.DEFAULT_PIPELINE.split(",")
     variants = {"default": default} | {f"without {p}": [q for q in default if q != p] for p in OPTIONAL}
-    rows = {}
-    for label, passes in variants.items():
-        with tempfile.TemporaryDirectory() as dump_dir:
-            result = run_in_subprocess("lazy_mlir_O1", args.steps, args.warmup,
-                                       {"pipeline": ",".join(passes), "dump_dir": dump_dir})
-            if result is not None:
-                rows[label] = result | generated_code_stats(dump_dir)
+    runs: dict[str, list[dict]] = {}
+    for _ in range(args.rounds):  # interleaved: timings drift on these machines
+        for label, passes in variants.items():
+            with tempfile.TemporaryDirectory() as dump_dir:
+                result = run_in_subprocess("lazy_mlir_O1", args.steps, args.warmup,
+                                           {"pipeline": ",".join(passes), "dump_dir": dump_dir})
+                if result is not None:
+                    runs.setdefault(label, []).append(result | generated_code_stats(dump_dir))
+    rows = {label: sorted(rs, key=lambda r: r["ms_per_step"])[len(rs) // 2] for label, rs in runs.items()}
     base = rows["default"]["ms_per_step"]
-    print(f"GPT-mini O1, {args.steps} steps after {args.warmup} warm-up (median)")
+    print(f"GPT-mini O1, {args.steps} steps after {args.warmup} warm-up (median), "
+          f"median of {args.rounds} interleaved rounds")
     print(f"{'pipeline':<28}{'ms/step':>9}{'vs default':>11}{'kernels':>9}{'allocs':>8}{'extern':>8}")
     for label, r in rows.items():
         print(f"{label:<28}{r['ms_per_step']:>9.1f}{r['ms_per_step'] / base:>11.2f}{r['fused_kernels']:>9}"

@@ -9,7 +9,7 @@
 #include "../runtime/run_stats.h"
 #include "builtin_op_node.h"
 #include "graph_clusterer.h"
-#include "inplace_meta.h"
+#include "meta_kernels.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
 #include "source_locations.h"
@@ -60,8 +60,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("trace_builtin", &lazy_mlir::traceBuiltin,
         "Trace an aten op without a lazy kernel as a TorchScript builtin node; returns lazy tensors.",
         py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"));
-  m.def("register_inplace_meta", &lazy_mlir::registerInplaceMeta,
-        "Give these in-place pointwise aten ops a C++ Meta kernel (see inplace_meta.h).");
+  m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
+        "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,
         "Record the innermost user frame (skipping files under the given prefixes) on traced ops.");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });

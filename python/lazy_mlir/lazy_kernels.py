@@ -212,7 +212,7 @@ def builtin_ops() -> list[str]:
 def _inplace_pointwise_with_python_meta():
     """In-place pointwise ops (``mul_``, ``addcdiv_``, ``lerp_``...) whose Meta
     kernel is a Python ref: functionalization calls it on every in-place op
-    of a lazy tensor (see lazy_backend/inplace_meta.h)."""
+    of a lazy tensor (see lazy_backend/meta_kernels.h)."""
     import torch._meta_registrations  # noqa: F401 - registers the Python kernels we replace
 
     for qualified in torch._C._dispatch_get_all_op_names():
@@ -241,7 +241,7 @@ def install() -> None:
     if _LIB is not None:
         return
     _LIB = torch.library.Library("aten", "IMPL")
-    _C.register_inplace_meta(list(_inplace_pointwise_with_python_meta()))
+    _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
         _LIB.impl(name, fn, "Lazy")
     from torch._decomp import decomposition_table

@@ -1,4 +1,6 @@
-#include "inplace_meta.h"
+#include "meta_kernels.h"
+
+#include <ATen/ops/empty_like_native.h>
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,14 +35,15 @@ void inplacePointwiseMeta(const c10::OperatorHandle& op, torch::jit::Stack* stac
 
 }  // namespace
 
-void registerInplaceMeta(const std::vector<std::string>& ops) {
+void registerMetaKernels(const std::vector<std::string>& inplace_ops) {
   // Libraries must outlive their registrations: kept for the process.
   static auto* libraries = new std::vector<std::unique_ptr<torch::Library>>();
   auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta,
                                                   __FILE__, __LINE__);
-  for (const auto& name : ops) {
+  for (const auto& name : inplace_ops) {
     library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&inplacePointwiseMeta>());
   }
+  library->impl("empty_like", TORCH_FN(at::native::empty_like));
   libraries->push_back(std::move(library));
 }
 
