@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import func as func_d
 from torch_mlir.dialects import torch as torch_d
 
 from .base import Pass

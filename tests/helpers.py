@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt  # noqa: F401 - make_adamw re-exported
 
 LAZY = torch.device("lazy")
 

@@ -1,5 +1,6 @@
 """The MLIR compile path: scalars stay runtime inputs, dumps, O2 errors."""
 import os
+import re
 
 import pytest
 import torch
@@ -79,3 +80,10 @@ def test_o1_keeps_uncompilable_ops_in_torchscript(lazy_level):
     assert torch.isfinite(loss.cpu())
     s = metrics.snapshot()
     assert s["graph_executions"] == 1 and s["groups_built"] >= 1 and s["fallback_count"] == 0
+
+
+def test_compiles_report_progress(lazy_level, capsys):
+    train(make_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.02), mlp_batches(1, batch=17), LAZY)
+    err = capsys.readouterr().err
+    assert re.search(r"lazy_mlir: compiling graph\d+\.g0 \(\d+ ops\) \.\.\.", err), err
+    assert re.search(r"lazy_mlir: compiled graph\d+\.g0 in \d+\.\d s", err), err

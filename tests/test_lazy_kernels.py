@@ -3,7 +3,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import lazy_mlir
 from lazy_mlir import lazy_kernels, metrics
 from helpers import LAZY
 

@@ -1,7 +1,6 @@
 """Tied parameters stay tied on the lazy device (GPT's wte / lm_head)."""
 import torch
 
-import lazy_mlir
 from lazy_mlir.models import make_gpt
 from helpers import LAZY, SMALL_GPT
 

@@ -1,5 +1,4 @@
 """What the backend does per step: executions, compiles, groups, fallbacks."""
-import warnings
 
 import pytest
 import torch
@@ -7,8 +6,8 @@ import torch
 import lazy_mlir
 from lazy_mlir import compilable, group_compiler, metrics
 from lazy_mlir.models import GPTConfig, gpt_batches, make_gpt
-from helpers import (LAZY, SMALL_GPT, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd,
-                     small_gpt, small_gpt_batches, train)
+from helpers import (LAZY, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd,
+                     train)
 
 CPU = torch.device("cpu")
 

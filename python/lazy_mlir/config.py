@@ -22,11 +22,14 @@ class Config:
     pipeline: str | None = None
     # Record the user's source line of every traced op (for errors, warnings, dumps).
     source_lines: bool = True
+    # Print a line to stderr when a group starts and ends compiling (cold
+    # compiles of a whole training step take tens of seconds).
+    progress: bool = True
     # Run LTC's graph executions on its IO thread pool (FLAGS_torch_lazy_use_thread_pool).
     ltc_thread_pool: bool = False
 
     # Fields that do not change compiled code (so not part of key()).
-    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines")
+    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -8,6 +8,8 @@ fallback for a group that fails to lower at O1.
 """
 from __future__ import annotations
 
+import sys
+import time
 import warnings
 
 import torch
@@ -43,9 +45,10 @@ class GroupLoweringError(RuntimeError):
 
 
 class GroupExecutable:
-    def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str):
+    def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str, num_ops: int):
         self.graph = graph.copy()
         self.name = name
+        self.num_ops = num_ops
         self.cfg = cfg
         self.describe = describe  # the group's ops and source lines, for messages
         self.cache_key = None
@@ -79,6 +82,9 @@ class GroupExecutable:
         lowered = compile_cache.lookup(self.cache_key, inputs)
         if lowered is not None:
             return lowered
+        start = time.perf_counter()
+        if self.cfg.progress:
+            print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
         try:
             lowered = lower_group(self.graph, inputs, self.name, self.cfg)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
@@ -90,5 +96,7 @@ class GroupExecutable:
             warnings.warn(f"lazy_mlir: fusion group {self.name} [{self.describe}] failed to compile "
                           f"({reason}); it runs in TorchScript instead", RuntimeWarning, stacklevel=1)
             return None
+        if self.cfg.progress:
+            print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         compile_cache.store(self.cache_key, lowered)
         return lowered

@@ -48,9 +48,9 @@ def compile_group(graph: torch._C.Graph, name: str):
     try:
         if before_build is not None:
             before_build(graph, name)
-        executable = GroupExecutable(graph, name, cfg, describe_ops(graph))
-        metrics.record_group(name, sum(1 for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS))
-        return executable
+        num_ops = sum(1 for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS)
+        metrics.record_group(name, num_ops)
+        return GroupExecutable(graph, name, cfg, describe_ops(graph), num_ops)
     except Exception as exc:  # noqa: BLE001 - every failure falls back to TorchScript
         ops = describe_ops(graph)
         metrics.record_group_failure(name, ops, f"{type(exc).__name__}: {exc}")
