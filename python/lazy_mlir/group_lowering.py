@@ -21,6 +21,7 @@ from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
 from . import config, dump, metrics
+from .codegen import inductor
 from .lowering import export_graph, import_graph
 from .lowering.ts_to_fx import ts_graph_to_fx
 
@@ -71,8 +72,8 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     with _Stage("mlir_to_fx"):
         gm = export_graph(module, "group", fake_mode=fake_mode)
     dump.write(name, "4.export.fx.txt", gm.code)
-    with _Stage("codegen"):
-        run, code = _codegen(cfg.codegen)(gm, fake_inputs, fake_mode, name)
+    with _Stage("codegen"):  # Inductor: the default, and mlir-llvm's unsupported groups
+        run, code = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
     dump.write(name, "5.generated.py", code)
     return LoweredGroup(run, guards)
 
@@ -99,9 +100,3 @@ def _specialized_arguments(module, inputs: list) -> list[tuple[int, object]]:
     return [(i, inputs[i].item()) for i, attrs in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"]))
             if SPECIALIZED_ATTR in ir.DictAttr(attrs)]
 
-
-def _codegen(name: str):
-    if name in ("inductor", "mlir-llvm"):  # mlir-llvm's unsupported groups
-        from .codegen.inductor import compile_graph
-        return compile_graph
-    raise ValueError(f"lazy_mlir: unknown codegen {name!r}")
