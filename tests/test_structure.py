@@ -91,3 +91,18 @@ def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
     assert s["groups_rejected"] >= 1 and s["groups_built"] >= 1
     assert any("injected failure" in why for why in s["group_failures"].values())
     assert s["graph_executions"] == s["mark_steps"] == 3
+
+
+def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, monkeypatch):
+    from lazy_mlir import executables
+
+    def broken_lowering(graph, inputs, name, cfg):
+        raise RuntimeError("injected lowering failure")
+
+    monkeypatch.setattr(executables, "lower_group", broken_lowering)
+    batches = mlp_batches(2, batch=19)
+    with pytest.warns(RuntimeWarning, match=r"failed to compile \(RuntimeError: injected lowering failure\)"):
+        lazy = train(make_mlp, sgd, batches, LAZY)
+    assert_same_training(train(make_mlp, sgd, batches, CPU), lazy)
+    s = metrics.snapshot()
+    assert s["graph_executions"] == s["mark_steps"] == 2 and s["group_failures"]
