@@ -33,7 +33,3 @@ def lookup(key: tuple, inputs: list[torch.Tensor]):
 
 def store(key: tuple, lowered) -> None:
     _entries.setdefault(key, []).append(lowered)
-
-
-def clear() -> None:
-    _entries.clear()

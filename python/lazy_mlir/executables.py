@@ -44,6 +44,14 @@ class GroupLoweringError(RuntimeError):
     pass
 
 
+def report_failure(name: str, describe: str, exc: Exception) -> None:
+    """A group that failed to compile and runs in TorchScript: metrics and a warning."""
+    reason = f"{type(exc).__name__}: {exc}"
+    metrics.record_group_failure(name, describe, reason)
+    warnings.warn(f"lazy_mlir: fusion group {name} [{describe}] failed to compile ({reason}); "
+                  "it runs in TorchScript instead", RuntimeWarning, stacklevel=1)
+
+
 class GroupExecutable:
     def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str, num_ops: int):
         self.graph = graph.copy()
@@ -88,13 +96,12 @@ class GroupExecutable:
         try:
             lowered = lower_group(self.graph, inputs, self.name, self.cfg)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
-            reason = f"{type(exc).__name__}: {exc}"
-            metrics.record_group_failure(self.name, self.describe, reason)
             if self.cfg.level == "O2":
-                raise GroupLoweringError(f"lazy_mlir O2: the step failed to compile ({reason}); group ops: "
-                                         f"{self.describe}. Use level=\"O1\" to run such groups in TorchScript.") from exc
-            warnings.warn(f"lazy_mlir: fusion group {self.name} [{self.describe}] failed to compile "
-                          f"({reason}); it runs in TorchScript instead", RuntimeWarning, stacklevel=1)
+                metrics.record_group_failure(self.name, self.describe, f"{type(exc).__name__}: {exc}")
+                raise GroupLoweringError(f"lazy_mlir O2: the step failed to compile ({type(exc).__name__}: {exc}); "
+                                         f"group ops: {self.describe}. Use level=\"O1\" to run such groups in "
+                                         "TorchScript.") from exc
+            report_failure(self.name, self.describe, exc)
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)

@@ -9,12 +9,11 @@ Returning ``None`` here makes the backend inline the group back at once.
 from __future__ import annotations
 
 import collections
-import warnings
 
 import torch
 
 from . import compilable, config, metrics
-from .executables import GroupExecutable
+from .executables import GroupExecutable, report_failure
 
 # Test seam: called with (graph, name) first; raise to inject a failure.
 before_build = None
@@ -44,17 +43,13 @@ def _short_source(source: str) -> str:
 
 
 def compile_group(graph: torch._C.Graph, name: str):
-    cfg = config.current
+    ops = describe_ops(graph)
     try:
         if before_build is not None:
             before_build(graph, name)
         num_ops = sum(1 for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS)
         metrics.record_group(name, num_ops)
-        return GroupExecutable(graph, name, cfg, describe_ops(graph), num_ops)
+        return GroupExecutable(graph, name, config.current, ops, num_ops)
     except Exception as exc:  # noqa: BLE001 - every failure falls back to TorchScript
-        ops = describe_ops(graph)
-        metrics.record_group_failure(name, ops, f"{type(exc).__name__}: {exc}")
-        warnings.warn(f"lazy_mlir: fusion group {name} [{ops}] failed to compile "
-                      f"({type(exc).__name__}: {exc}); it runs in TorchScript instead",
-                      RuntimeWarning, stacklevel=1)
+        report_failure(name, ops, exc)
         return None
