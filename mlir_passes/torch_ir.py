@@ -111,11 +111,24 @@ def broadcast_shapes(a, b) -> tuple[int, ...] | None:
     return tuple(result)
 
 
+def op_name(op) -> str:
+    """The op's full name; for ``torch.operator`` the name of the operator
+    (``"torch._c10d_functional.wait_tensor"``)."""
+    name = op.operation.name
+    return ir.StringAttr(op.operation.attributes["name"]).value if name == "torch.operator" else name
+
+
 def create_aten(name: str, operands, result_types, before) -> ir.Operation:
-    """Insert ``torch.aten.<name>`` just before op ``before``, at its location:
-    as the registered torch-mlir op, or as ``torch.operator`` where torch-mlir
-    has none (the form FxImporter gives such ops)."""
-    full_name, loc = ATEN + name, before.location
+    """Insert ``torch.aten.<name>`` just before op ``before``, at its location."""
+    return create_op(ATEN + name, operands, result_types, before)
+
+
+def create_op(full_name: str, operands, result_types, before) -> ir.Operation:
+    """Insert op ``full_name`` (``torch.aten.mm``, ``torch._c10d_functional.wait_tensor``)
+    just before op ``before``, at its location: as the registered torch-mlir
+    op, or as ``torch.operator`` where torch-mlir has none (the form
+    FxImporter gives such ops)."""
+    loc = before.location
     with ir.InsertionPoint(before):
         if loc.context.is_registered_operation(full_name):
             return ir.Operation.create(full_name, results=result_types, operands=operands, loc=loc)
@@ -125,6 +138,49 @@ def create_aten(name: str, operands, result_types, before) -> ir.Operation:
 
 def constant_int(value: int, before) -> ir.Value:
     return torch_d.ConstantIntOp(value, loc=before.location, ip=ir.InsertionPoint(before)).result
+
+
+def constant_float(value: float, before) -> ir.Value:
+    return torch_d.ConstantFloatOp(ir.FloatAttr.get_f64(value), loc=before.location,
+                                   ip=ir.InsertionPoint(before)).result
+
+
+def constant_str(value: str, before) -> ir.Value:
+    return torch_d.ConstantStrOp(value, loc=before.location, ip=ir.InsertionPoint(before)).result
+
+
+def int_list(values, before) -> ir.Value:
+    """``torch.prim.ListConstruct`` of int constants."""
+    items = [constant_int(v, before) for v in values]
+    list_type = ir.Type.parse("!torch.list<int>", before.location.context)
+    return torch_d.PrimListConstructOp(list_type, items, loc=before.location, ip=ir.InsertionPoint(before)).result
+
+
+def constant_value(value: ir.Value):
+    """The Python value of a ``torch.constant.int/float/str/bool``; None otherwise."""
+    kind = defining_op_name(value)
+    attrs = value.owner.operation.attributes if kind else None
+    if kind == "torch.constant.int":
+        return ir.IntegerAttr(attrs["value"]).value
+    if kind == "torch.constant.float":
+        return ir.FloatAttr(attrs["value"]).value
+    if kind == "torch.constant.str":
+        return ir.StringAttr(attrs["value"]).value
+    if kind == "torch.constant.bool":
+        return ir.BoolAttr(attrs["value"]).value
+    return None
+
+
+def int_list_value(value: ir.Value) -> list[int] | None:
+    """The ints of a ``torch.prim.ListConstruct`` of int constants; None otherwise."""
+    if defining_op_name(value) != "torch.prim.ListConstruct":
+        return None
+    items = [constant_value(v) for v in value.owner.operation.operands]
+    return items if all(isinstance(i, int) for i in items) else None
+
+
+def functions(module) -> list:
+    return [op.operation.opview for op in ops_of(module) if op.operation.name == "func.func"]
 
 
 def replace_op(op, new_values) -> None:

@@ -24,6 +24,8 @@ DENIED = {
     "aten::randint", "aten::randint_like", "aten::randperm", "aten::normal", "aten::uniform",
     "aten::multinomial", "aten::exponential", "aten::geometric", "aten::cauchy", "aten::log_normal",
 }
+# aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
+COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 _allowed: set[str] = set()
 _generation = 0  # bumped by allow()/deny(): compiled graphs then recompile
 
@@ -63,7 +65,7 @@ def classify(node: torch._C.Node) -> int:
         return PLUMBING
     if kind in _allowed:
         return COMPUTE
-    if not kind.startswith("aten::") or kind in DENIED:
+    if not kind.startswith(COMPILED_NAMESPACES) or kind in DENIED:
         return NOT_COMPILABLE
     outputs = list(node.outputs())
     if not outputs or not all(isinstance(v.type(), torch._C.TensorType) for v in outputs):

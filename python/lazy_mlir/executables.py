@@ -74,16 +74,18 @@ class GroupExecutable:
         self.lowered = lowered
         if lowered is None:
             self._run = TorchScriptExecutable(self.graph, self.name)
-        elif lowered.guards:
-            self._run = self._guarded
+        elif lowered.guards or lowered.collective_bytes:
+            self._run = self._checked
         else:
             self._run = lowered.run  # the hot path: straight into the generated code
 
-    def _guarded(self, inputs):
+    def _checked(self, inputs):
         if any(inputs[i].item() != value for i, value in self.lowered.guards):
             # A scalar whose value was baked in (a shape depends on it) changed.
             self._use(self._lowered_for(inputs))
             return self._run(inputs)
+        if self.lowered.collective_bytes:
+            metrics.count_collectives(self.lowered.collective_bytes)
         return self.lowered.run(inputs)
 
     def _lowered_for(self, inputs):

@@ -30,6 +30,8 @@ from .lowering.ts_to_fx import ts_graph_to_fx
 class LoweredGroup:
     run: Callable[[list], list]       # list[Tensor] -> list[Tensor]
     guards: list[tuple[int, object]]  # (input index, value) baked into the code
+    # Bytes each run moves through collectives, by kind ("all_gather": ...).
+    collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class _Stage:
@@ -75,7 +77,25 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     with _Stage("codegen"):  # Inductor: the default, and mlir-llvm's unsupported groups
         run, code = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
     dump.write(name, "5.generated.py", code)
-    return LoweredGroup(run, guards)
+    return LoweredGroup(run, guards, _collective_bytes(gm))
+
+
+_COLLECTIVES = {  # functional collective -> (kind, argument whose size is the bytes moved)
+    torch.ops._c10d_functional.all_gather_into_tensor.default: ("all_gather", None),
+    torch.ops._c10d_functional.reduce_scatter_tensor.default: ("reduce_scatter", 0),
+    torch.ops._c10d_functional.all_reduce.default: ("all_reduce", 0),
+}
+
+
+def _collective_bytes(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """What one run of ``gm`` moves: a gather's output, a reduction's input."""
+    moved: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _COLLECTIVES:
+            kind, arg = _COLLECTIVES[node.target]
+            value = (node if arg is None else node.args[arg]).meta["val"]
+            moved[kind] = moved.get(kind, 0) + value.numel() * value.element_size()
+    return moved
 
 
 def _scalar_values(inputs: list) -> dict[int, dict[str, str]]:

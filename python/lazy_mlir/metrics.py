@@ -19,6 +19,7 @@ _groups: dict[str, int] = {}          # group name -> op count
 _group_failures: dict[str, str] = {}  # group name -> reason
 _stage_seconds: collections.Counter = collections.Counter()
 _group_cache: collections.Counter = collections.Counter()  # "hit" / "miss"
+_collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
 
 # LTC counters that are syncs the user asked for, not fallbacks.
 _USER_SYNCS = {"aten::_local_scalar_dense"}
@@ -43,6 +44,22 @@ def record_stage(stage: str, seconds: float) -> None:
 def count_cache(outcome: str) -> None:
     with _lock:
         _group_cache[outcome] += 1
+
+
+def count_collectives(per_run: dict[str, int]) -> None:
+    """Called per run of a compiled group with the bytes its collectives move."""
+    with _lock:
+        _collective_bytes.update(per_run)
+
+
+def collective_bytes() -> dict[str, int]:
+    with _lock:
+        return dict(_collective_bytes)
+
+
+def reset_collective_bytes() -> None:
+    with _lock:
+        _collective_bytes.clear()
 
 
 def record_group_failure(name: str, ops: str, reason: str) -> None:
@@ -89,6 +106,7 @@ def snapshot() -> dict:
         "groups_per_graph": dict(groups_per_graph),
         "group_failures": failures,
         "group_calls": stats["group_calls"],
+        "collective_bytes": collective_bytes(),
         "group_cache_hits": group_cache.get("hit", 0),
         "group_cache_misses": group_cache.get("miss", 0),
         "seconds": {
@@ -111,6 +129,7 @@ def reset() -> None:
         _group_failures.clear()
         _stage_seconds.clear()
         _group_cache.clear()
+        _collective_bytes.clear()
 
 
 def report() -> str:

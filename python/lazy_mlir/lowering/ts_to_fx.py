@@ -1,6 +1,6 @@
 """TorchScript fusion-group subgraph -> torch.fx GraphModule of aten overloads.
 
-Each ``aten::`` node becomes a call of the resolved overload
+Each ``aten::`` (or our own ``lazy_mlir::``) node becomes a call of the resolved overload
 (``node.schema()`` names it), with kwarg-only arguments split out by the
 schema; constants and ``prim::ListConstruct`` are inlined as Python values;
 tensor constants become module attributes. Every node gets ``meta['val']``
@@ -90,7 +90,7 @@ class _Converter:
             self.env[node.output()] = [self.env[v] for v in node.inputs()]
         elif kind in _IMPLICIT and self.env[node.input()] in self.constant_tensors:
             self.env[node.output()] = self.constant_tensors[self.env[node.input()]].item()
-        elif kind.startswith("aten::"):
+        elif kind.startswith(("aten::", "lazy_mlir::")):
             self._convert_call(node)
         else:
             raise ConversionError(f"lazy_mlir: cannot convert {_describe(node)} to FX")

@@ -1,0 +1,237 @@
+"""GPT-mini data-parallel training step on 2 CPU ranks: FSDP2 vs lazy_mlir ZeRO.
+
+Runs in one invocation (re-launching itself under torchrun, gloo, one thread
+per rank): FSDP2 (``fully_shard`` per block, then the root; eager), lazy_mlir
+ZeRO stages 1, 2 and 3, and DeepSpeed ZeRO-3 when it is installed. Each rank
+trains on its slice of the global batch from the same initial weights. Prints
+a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
+parameters + gradients + optimizer state against the unsharded total, and
+collective bytes per step measured against ZeRO theory (Ψ = parameter bytes).
+
+    .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 3] [--only fsdp2,zero3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ["fsdp2", "zero1", "zero2", "zero3", "deepspeed"]
+# Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
+# them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
+# all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
+# reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
+# all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
+THEORY_PSI = {"fsdp2": 3, "zero1": 3, "zero2": 2, "zero3": 3, "deepspeed": 3}
+MIB = 2 ** 20
+
+
+def _nbytes(t) -> int:
+    from torch.distributed.tensor import DTensor
+    t = t.to_local() if isinstance(t, DTensor) else t  # this rank's shard
+    return t.numel() * t.element_size()
+
+
+def _fsdp_memory(model, opt) -> dict:
+    import torch
+    params = list(model.parameters())
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    report = {"params": sum(map(_nbytes, params)), "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+              "optimizer": sum(map(_nbytes, state))}
+    report["total"] = sum(report.values())
+    # numel() of a DTensor is the global one: params + grads + optimizer state unsharded
+    report["unsharded_total"] = sum(2 * p.numel() * p.element_size() for p in params) + \
+        sum(t.numel() * t.element_size() for t in state)
+    return report
+
+
+def _build(variant: str, cfg, args):
+    """Returns (step(x, y, zero_grad=True) -> loss tensor, memory() -> dict | None).
+
+    ``memory`` is called after a step run with zero_grad=False, so that it sees
+    the gradients; it then clears them."""
+    import torch
+    from lazy_mlir.models import make_adamw, make_gpt
+
+    model = make_gpt(cfg, seed=0)
+    if variant == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        opt = make_adamw(model)
+
+        def step(x, y, zero_grad=True):
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            if zero_grad:
+                opt.zero_grad(set_to_none=True)
+            return loss
+
+        def memory():
+            report = _fsdp_memory(model, opt)
+            opt.zero_grad(set_to_none=True)
+            return report
+        return step, memory
+    if variant == "deepspeed":
+        import deepspeed
+        ds_config = {"train_micro_batch_size_per_gpu": cfg.batch_size // args.nproc,
+                     "zero_optimization": {"stage": 3}}
+        engine, *_ = deepspeed.initialize(model=model, optimizer=make_adamw(model), config=ds_config)
+
+        def step(x, y, zero_grad=True):
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()  # also zeroes the grads
+            return loss
+        return step, None
+
+    import lazy_mlir.zero as zero
+    model = model.to("lazy")
+    opt = make_adamw(model)
+    model, opt = zero.initialize(model, opt, stage=int(variant[-1]), process_group=None,
+                                 prefetch_bytes=args.prefetch_bytes, persistence_threshold=args.persistence_threshold)
+
+    def step(x, y, zero_grad=True):
+        loss = model(x.to("lazy"), y.to("lazy"))
+        loss.backward()
+        opt.step()
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        torch._lazy.mark_step()
+        torch._lazy.wait_device_ops()
+        return loss
+
+    def memory():
+        report = zero.memory_report(model, opt)
+        opt.zero_grad(set_to_none=True)
+        torch._lazy.mark_step()
+        return report
+    return step, memory
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    from lazy_mlir.models import GPTConfig, gpt_batches, make_gpt
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
+    cfg = GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd, batch_size=args.batch_size)
+    rows = cfg.batch_size // world
+    batches = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
+               for x, y in gpt_batches(cfg, args.warmup + args.steps)]
+    psi = sum(p.numel() * p.element_size() for p in make_gpt(cfg).parameters())
+
+    variants = args.only.split(",")
+    if "deepspeed" in variants:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError:
+            log("deepspeed: not installed, skipped")
+            variants.remove("deepspeed")
+    if any(v.startswith("zero") for v in variants):
+        import lazy_mlir
+        lazy_mlir.init()
+        try:
+            import lazy_mlir.zero as zero
+        except ImportError as e:
+            log(f"lazy_mlir.zero not importable, zero variants skipped: {e}")
+            variants = [v for v in variants if not v.startswith("zero")]
+    built = {}
+    for v in variants:
+        try:
+            built[v] = _build(v, cfg, args)
+        except Exception as e:  # noqa: BLE001 - e.g. lazy_mlir.zero not there yet: same on every rank
+            log(f"{v}: setup failed, skipped: {type(e).__name__}: {e}")
+
+    # Timings drift: interleave the variants round by round, keep the median of
+    # the per-round medians. Every round replays the same batches, so all
+    # variants end after the same steps and their final losses compare.
+    runs = {v: {"round_ms": []} for v in built}
+    for round_ in range(args.rounds):
+        for v, (step, _) in built.items():
+            log(f"round {round_ + 1}: running {v} ...")
+            dist.barrier()
+            times = []
+            for i, (x, y) in enumerate(batches):
+                if i == args.warmup and v.startswith("zero"):
+                    zero.reset_comm_stats()
+                start = time.perf_counter()
+                loss = step(x, y)
+                times.append(time.perf_counter() - start)
+            runs[v]["round_ms"].append(statistics.median(times[args.warmup:]) * 1000)
+            runs[v]["final_loss"] = float(loss)  # read once, outside the timed steps
+            if v.startswith("zero"):
+                comm = zero.comm_stats()
+                runs[v]["comm_bytes_per_step"] = {op: b / args.steps for op, b in comm.items()}
+    for v, (step, memory) in built.items():  # one untimed step that keeps its grads, for memory
+        dist.barrier()
+        step(*batches[0], zero_grad=False)
+        runs[v]["memory"] = memory() if memory else None
+        runs[v]["ms_per_step"] = statistics.median(runs[v]["round_ms"])
+    if rank == 0:
+        report(args, cfg, psi, runs)
+    dist.destroy_process_group()
+
+
+def report(args, cfg, psi, runs):
+    print(f"\nGPT-mini ({cfg.n_layer} layers, d {cfg.n_embd}, global batch {cfg.batch_size}) on {args.nproc} "
+          f"gloo ranks, {args.steps} timed steps after {args.warmup} warm-up (median), median of {args.rounds} "
+          f"interleaved round(s); Ψ = {psi / MIB:.2f} MiB of parameters")
+    print(f"{'variant':<10}{'ms/step':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
+          f"{'comm MiB/step':>15}{'theory':>16}{'meas/th':>9}{'loss':>9}")
+    for v, r in runs.items():
+        mem, theory = r["memory"], THEORY_PSI[v] * psi
+        comm = sum(r["comm_bytes_per_step"].values()) if "comm_bytes_per_step" in r else None
+        r.update(theory_comm_bytes_per_step=theory, comm_vs_theory=comm / theory if comm is not None else None)
+        print(f"{v:<10}{r['ms_per_step']:>9.1f}"
+              + (f"{mem['total'] / MIB:>10.2f}{mem['unsharded_total'] / MIB:>10.2f}"
+                 f"{mem['total'] / mem['unsharded_total']:>7.2f}" if mem else f"{'n/a':>10}{'n/a':>10}{'n/a':>7}")
+              + (f"{comm / MIB:>15.2f}" if comm is not None else f"{'n/a':>15}")
+              + f"{f'{THEORY_PSI[v]}Ψ = {theory / MIB:.2f}':>16}"
+              + (f"{comm / theory:>9.2f}" if comm is not None else f"{'n/a':>9}") + f"{r['final_loss']:>9.4f}")
+    ratio = runs["zero3"]["ms_per_step"] / runs["fsdp2"]["ms_per_step"] if {"zero3", "fsdp2"} <= runs.keys() else None
+    if ratio is not None:
+        print(f"  ZeRO-3 ms / FSDP2 ms: {ratio:.2f} (target <= 0.9)")
+    with open(args.json, "w") as f:
+        json.dump({"config": vars(args), "psi_bytes": psi, "zero3_over_fsdp2": ratio, "variants": runs}, f, indent=1)
+    print(f"\nJSON: {args.json}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="run every variant this many times, interleaved; report the median round")
+    parser.add_argument("--only", default=",".join(VARIANTS))
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8, help="global batch, split over the ranks")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--prefetch-bytes", type=int, default=8 * MIB)
+    parser.add_argument("--persistence-threshold", type=int, default=1024,
+                        help="parameters with fewer elements are not sharded")
+    parser.add_argument("--json", default="zero_step.json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if "LOCAL_RANK" in os.environ:
+        worker(args)
+        return
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
+           os.path.abspath(__file__), "--worker", *sys.argv[1:]]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    sys.exit(subprocess.run(cmd, env=env).returncode)
+
+
+if __name__ == "__main__":
+    main()

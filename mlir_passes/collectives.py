@@ -1,0 +1,43 @@
+"""Names and builders of the collective ops the zero passes read and write:
+lazy_mlir.zero's markers (``torch.lazy_mlir.*``) and the functional
+collectives they lower to (``torch._c10d_functional.*``, run by
+torch.distributed: gloo on CPU, NCCL on CUDA)."""
+from __future__ import annotations
+
+import math
+
+from torch_mlir import ir
+
+from .torch_ir import create_op, tensor_info, vtensor_type
+
+UNSHARD = "torch.lazy_mlir.unshard"          # (shard, shape, group_size, group_name) -> full
+REDUCE_GRAD = "torch.lazy_mlir.reduce_grad"  # (grad, group_size, group_name, shard_rank) -> mean
+C10D = "torch._c10d_functional."
+ALL_GATHER = C10D + "all_gather_into_tensor"  # (shard, group_size, group_name), async
+REDUCE_SCATTER = C10D + "reduce_scatter_tensor"  # (input, "sum", group_size, group_name), async
+ALL_REDUCE = C10D + "all_reduce"  # (input, "sum", group_name), async
+WAIT = C10D + "wait_tensor"       # (async result) -> its value
+
+
+def shard_size(numel: int, group_size: int) -> int:
+    """Elements per rank of a flat tensor split over ``group_size`` (lazy_mlir.zero.ops)."""
+    return max(1, math.ceil(numel / group_size))
+
+
+def nbytes(value: ir.Value) -> int:
+    info = tensor_info(value)
+    width = int("".join(c for c in info.dtype if c.isdigit()) or 8)
+    return math.prod(info.shape) * max(width // 8, 1)
+
+
+def flat_type(value: ir.Value, numel: int) -> ir.Type:
+    return vtensor_type((numel,), tensor_info(value).dtype, value.type.context)
+
+
+def wait(value: ir.Value, before) -> ir.Operation:
+    return create_op(WAIT, [value], [value.type], before)
+
+
+def all_gather(shard: ir.Value, group_size: ir.Value, group_name: ir.Value, world: int, before) -> ir.Operation:
+    numel = tensor_info(shard).shape[0] * world
+    return create_op(ALL_GATHER, [shard, group_size, group_name], [flat_type(shard, numel)], before)

@@ -1,0 +1,170 @@
+"""Lowers lazy_mlir.zero's ``unshard`` markers to all-gathers, one per phase of use."""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+from torch_mlir import ir
+
+from .base import Pass
+from .collectives import UNSHARD, all_gather, wait
+from .registry import register
+from .torch_ir import constant_int, constant_value, create_aten, functions, int_list_value, op_error, op_name, \
+    tensor_info, vtensor_type
+
+# Cheap ops a gathered parameter goes through before its real use (a linear
+# layer's weight.t()): they are recomputed after each re-gather, so no value
+# derived from the gathered tensor outlives its phase either.
+DERIVING_OPS = {
+    "torch.aten." + name for base in ("t", "transpose.int", "permute", "view", "reshape", "_unsafe_view",
+                                      "expand", "unsqueeze", "squeeze.dim", "slice.Tensor", "select.int",
+                                      "alias", "detach", "_to_copy", "clone", "contiguous")
+    for name in (base, base.replace(".", "_copy.", 1) if "." in base else base + "_copy")
+}
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class ZeroInsertGather(Pass):
+    """Replaces each ``torch.lazy_mlir.unshard(%shard, shape, N, group)``
+    (the full parameter whose flat padded data is split over N ranks) by
+    ``all_gather_into_tensor`` + ``wait_tensor`` + slice to the parameter's
+    element count + ``view`` to its shape, placed just before its first use:
+    nothing is gathered earlier than needed (zero-prefetch moves gathers
+    earlier, within a budget). The uses count through ``DERIVING_OPS``
+    (transposes, views, casts of the parameter): those are recomputed from
+    the gathered tensor where needed.
+
+    With ``regather`` (ZeRO-3), the uses split into phases: a new phase
+    starts where some other parameter was used since this one's previous
+    use (typically: the forward use, then the backward uses). Each phase
+    gathers anew, so no gathered parameter, nor any value derived from it,
+    stays live across other parameters' uses; the code generator frees it
+    after the phase's last use. Guarantees: no ``unshard`` marker remains;
+    every gather's wait precedes all uses of its result."""
+
+    name = "zero-insert-gather"
+    regather: bool = True
+
+    def apply(self, module) -> None:
+        for func in functions(module):
+            self._rewrite(func)
+
+    def _rewrite(self, func) -> None:
+        block = func.regions[0].blocks[0]
+        index = {op.operation: i for i, op in enumerate(block.operations)}
+        markers = [op.operation for op in block.operations if op_name(op) == UNSHARD]
+        if not markers:
+            return
+        # Plan everything before rewriting: an ir.Operation's hash changes when
+        # its operands do, so the dicts keyed by ops are only good until then.
+        uses = [_external_uses(marker, index) for marker in markers]
+        timeline = sorted((index[u], k) for k, (_, external) in enumerate(uses) for u in external)
+        plans = [(marker, derived, self._phases(k, external, index, timeline))
+                 for k, (marker, (derived, external)) in enumerate(zip(markers, uses))]
+        for marker, derived, phases in plans:
+            for phase in phases:
+                _gather_for(marker, derived, phase)
+            for op in reversed(derived):
+                op.erase()
+            marker.erase()
+
+    def _phases(self, k: int, external, index, timeline) -> list[list]:
+        phases: list[list] = []
+        previous = None
+        for use in external:
+            if previous is not None and not (self.regather and _others_between(timeline, k, previous, index[use])):
+                phases[-1].append(use)
+            else:
+                phases.append([use])
+            previous = index[use]
+        return phases
+
+
+def _external_uses(marker, index) -> tuple[list, list]:
+    """(deriving ops fed by the marker, in program order; the other ops using
+    the marker's result or a derived value, in program order, each once)."""
+    derived_values = {marker.results[0]}
+    derived, external = [], {}
+    frontier = [marker.results[0]]
+    seen = set()
+    while frontier:
+        value = frontier.pop()
+        for use in value.uses:
+            user = use.owner.operation
+            if user in seen:
+                continue
+            if op_name(user) in DERIVING_OPS and _only_tensor_operand_is_derived(user, derived_values):
+                seen.add(user)
+                derived.append(user)
+                derived_values.update(user.results)
+                frontier.extend(user.results)
+    derived.sort(key=index.__getitem__)
+    for value in derived_values:
+        for use in value.uses:
+            if use.owner.operation not in seen:
+                external[use.owner.operation] = None
+    return derived, sorted(external, key=index.__getitem__)
+
+
+def _only_tensor_operand_is_derived(op, derived_values) -> bool:
+    tensors = [v for v in op.operands if tensor_info(v) is not None]
+    return len(tensors) == 1 and tensors[0] in derived_values
+
+
+def _others_between(timeline, k: int, start: int, end: int) -> bool:
+    """Whether another marker than the k-th is used strictly between positions start and end."""
+    lo = bisect.bisect_right(timeline, (start, float("inf")))
+    hi = bisect.bisect_left(timeline, (end, -1))
+    return any(owner != k for _, owner in timeline[lo:hi])
+
+
+def _gather_for(marker, derived: list, phase: list) -> None:
+    """Gather before ``phase[0]``, recompute the derived values the phase
+    uses, and point the phase's uses at them."""
+    shard, shape_list, group_size, group_name = marker.operands
+    world = constant_value(group_size)
+    shape = int_list_value(shape_list)
+    if not isinstance(world, int) or shape is None:
+        raise op_error(ZeroInsertGather.name, marker, "group size and shape must be constants")
+    first = phase[0]
+    gathered = all_gather(shard, group_size, group_name, world, first).results[0]
+    value = wait(gathered, first).results[0]
+    numel = 1
+    for d in shape:
+        numel *= d
+    if tensor_info(value).shape[0] != numel:  # drop the padding
+        args = [value, constant_int(0, first), constant_int(0, first), constant_int(numel, first),
+                constant_int(1, first)]
+        value = create_aten("slice.Tensor", args, [_with_shape(value, (numel,))], first).results[0]
+    if list(tensor_info(marker.results[0]).shape) != [numel]:
+        value = create_aten("view", [value, shape_list], [marker.results[0].type], first).results[0]
+    mapping = {marker.results[0]: value}
+    needed = _needed(derived, phase)
+    for op in derived:
+        if op in needed:
+            clone = op.clone(ir.InsertionPoint(first))
+            for i, operand in enumerate(op.operands):
+                if operand in mapping:
+                    clone.operands[i] = mapping[operand]
+            mapping.update(zip(op.results, clone.results))
+    for use in phase:
+        for i, operand in enumerate(use.operands):
+            if operand in mapping:
+                use.operands[i] = mapping[operand]
+
+
+def _needed(derived: list, phase: list) -> set:
+    """The deriving ops whose results the phase's uses need, transitively."""
+    producer = {result: op for op in derived for result in op.results}
+    needed, pending = set(), [v for use in phase for v in use.operands if v in producer]
+    while pending:
+        op = producer[pending.pop()]
+        if op not in needed:
+            needed.add(op)
+            pending.extend(v for v in op.operands if v in producer)
+    return needed
+
+
+def _with_shape(value: ir.Value, shape) -> ir.Type:
+    return vtensor_type(shape, tensor_info(value).dtype, value.type.context)

@@ -1,0 +1,202 @@
+"""ZeRO stages 1-3 for a model on the lazy device: what each step traces.
+
+The engine only changes what is traced, with the two marker ops of
+``zero/ops.py``; the ``zero-*`` MLIR passes turn the markers into scheduled
+collectives inside the step's compiled graph. Per parameter ``p`` above the
+persistence threshold, ``shard`` is this rank's flat padded slice, the
+tensor the wrapped optimizer owns (so its state is sharded in every stage):
+
+stage 1  p stays whole. At ``step()``: ``shard <- slice(p)``,
+         ``shard.grad <- reduce_grad(p.grad)`` (lowered to all-reduce),
+         inner step on shards, ``p <- unshard(shard)``.
+stage 2  as 1, but each gradient is reduced (reduce-scatter) by a hook as
+         soon as backward produces it, and only its shard is kept.
+stage 3  ``shard`` is the only storage. A forward pre-hook sets
+         ``p <- unshard(shard)`` (full logical shape in the trace, no data);
+         the gradient hook reduce-scatters into ``shard.grad`` and empties
+         ``p``; the inner step updates shards in place.
+Parameters at or below the persistence threshold stay whole on every rank;
+their gradients are all-reduced and the inner optimizer updates them as is.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from . import ops
+
+
+@dataclasses.dataclass
+class ManagedParam:
+    name: str
+    param: torch.nn.Parameter      # the model's parameter: full logical shape
+    shape: list[int]
+    numel: int
+    shard: torch.Tensor | None     # the optimizer's tensor (None: kept whole)
+    # The reduced gradient shard, kept here between backward and step: in
+    # stages 1-2 the shard tensor has no data outside step().
+    grad_shard: torch.Tensor | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard is not None
+
+
+class ZeroEngine:
+    def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold):
+        if stage not in (1, 2, 3):
+            raise ValueError(f"lazy_mlir.zero: stage must be 1, 2 or 3, got {stage!r}")
+        if not dist.is_initialized():
+            raise RuntimeError("lazy_mlir.zero: call torch.distributed.init_process_group first (run under torchrun)")
+        self.stage = stage
+        self.group = process_group or dist.group.WORLD
+        self.group_name = self.group.group_name
+        self.world = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.prefetch_bytes = prefetch_bytes
+        self.persistence_threshold = persistence_threshold
+        self.managed: list[ManagedParam] = []
+        seen: set[int] = set()
+        for name, p in model.named_parameters():  # tied parameters appear once
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            self.managed.append(self._manage(name, p))
+        self.by_param = {id(m.param): m for m in self.managed}
+        self._empty: dict[torch.dtype, torch.Tensor] = {}
+        for m in self.managed:
+            m.param.register_post_accumulate_grad_hook(self._grad_ready)
+        if stage == 3:
+            for m in self.managed:
+                if m.sharded:
+                    m.param.data = self._placeholder(m.param)
+            model.register_forward_pre_hook(self._gather_params)
+
+    # ------------------------------------------------------------ set-up
+    def _manage(self, name: str, p: torch.nn.Parameter) -> ManagedParam:
+        if p.device.type != "lazy":
+            raise ValueError(f"lazy_mlir.zero: parameter {name} is on {p.device}; move the model to 'lazy' first")
+        shape, numel = list(p.shape), p.numel()
+        if numel <= self.persistence_threshold:
+            full = self._broadcast(p)
+            p.data = full.to(p.device)
+            return ManagedParam(name, p, shape, numel, None)
+        full = self._broadcast(p)  # every rank starts from rank 0's values
+        size = ops.shard_size(numel, self.world)
+        local = ops.flat_padded(full, self.world)[self.rank * size:(self.rank + 1) * size].clone()
+        if self.stage < 3:
+            p.data = full.to(p.device)
+        return ManagedParam(name, p, shape, numel, local.to(p.device))
+
+    def _broadcast(self, p: torch.Tensor) -> torch.Tensor:
+        full = p.detach().cpu().contiguous()
+        dist.broadcast(full, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return full
+
+    def _placeholder(self, like: torch.Tensor) -> torch.Tensor:
+        """An empty tensor standing for a stage-3 parameter's data between uses:
+        device data, so it never becomes a graph output."""
+        if like.dtype not in self._empty:
+            self._empty[like.dtype] = torch.empty(0, dtype=like.dtype).to(like.device)
+        return self._empty[like.dtype]
+
+    # ------------------------------------------------------ traced steps
+    def _unshard(self, m: ManagedParam) -> torch.Tensor:
+        return torch.ops.lazy_mlir.unshard(m.shard.detach(), m.shape, self.world, self.group_name)
+
+    def _reduce(self, grad: torch.Tensor, m: ManagedParam) -> torch.Tensor:
+        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, self.rank if m.sharded else -1)
+
+    def _gather_params(self, module, args):
+        for m in self.managed:
+            if m.sharded:
+                m.param.data = self._unshard(m)
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        m = self.by_param[id(p)]
+        if not m.sharded:
+            if self.stage > 1:
+                p.grad = self._reduce(p.grad, m)
+            return
+        if self.stage == 1:
+            return  # stage 1 reduces whole gradients at step()
+        self._accumulate(m, self._reduce(p.grad, m))
+        p.grad = None
+        if self.stage == 3:
+            p.data = self._placeholder(p)  # backward has what it needs in the trace
+
+    def _accumulate(self, m: ManagedParam, reduced: torch.Tensor) -> None:
+        m.grad_shard = reduced if m.grad_shard is None else m.grad_shard + reduced
+
+    def before_step(self) -> None:
+        for m in self.managed:
+            if self.stage == 1 and m.param.grad is not None:
+                grad = self._reduce(m.param.grad, m)
+                if m.sharded:
+                    self._accumulate(m, grad)
+                    m.param.grad = None
+                else:
+                    m.param.grad = grad
+            if not m.sharded:
+                continue
+            if self.stage < 3:
+                size = ops.shard_size(m.numel, self.world)
+                # a copy, not a view: in-place updates of the shard must not write into p
+                m.shard.data = ops.flat_padded(m.param.detach(), self.world).narrow(0, self.rank * size, size).clone()
+            m.shard.grad = m.grad_shard
+
+    def after_step(self) -> None:
+        for m in self.managed:
+            if not m.sharded:
+                continue
+            m.shard.grad = None  # kept in grad_shard until zero_grad
+            if self.stage < 3:
+                m.param.data = self._unshard(m)
+                m.shard.data = self._placeholder(m.shard)  # rebuilt from p at the next step
+
+    def zero_grad(self) -> None:
+        for m in self.managed:
+            m.param.grad = None
+            m.grad_shard = None
+
+    # --------------------------------------------------------- reporting
+    def full_state_dict(self, model) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, t in model.state_dict(keep_vars=True).items():
+            m = self.by_param.get(id(t))
+            if m is None or not m.sharded or self.stage < 3:
+                out[name] = t.detach().cpu().clone()
+                continue
+            local = m.shard.detach().cpu().contiguous()
+            gathered = torch.empty(local.numel() * self.world, dtype=local.dtype)
+            dist.all_gather_into_tensor(gathered, local, group=self.group)
+            out[name] = gathered[:m.numel].view(m.shape).clone()
+        return out
+
+    def memory_report(self, optimizer) -> dict[str, int]:
+        def nbytes(t):
+            return 0 if t is None else t.numel() * t.element_size()
+
+        params = grads = full_params = 0
+        for m in self.managed:
+            params += nbytes(m.param) + nbytes(m.shard)
+            grads += nbytes(m.param.grad) + nbytes(m.grad_shard)
+            full_params += m.numel * m.param.element_size()
+        state = full_state = 0
+        for tensor, entry in optimizer.state.items():
+            m = self._owner(tensor)
+            for value in entry.values():
+                if isinstance(value, torch.Tensor):
+                    state += nbytes(value)
+                    scale = m.numel / value.numel() if m is not None and m.sharded and value.dim() else 1
+                    full_state += int(nbytes(value) * scale)
+        return {"params": params, "grads": grads, "optimizer": state, "total": params + grads + state,
+                "unsharded_total": 2 * full_params + full_state, "world_size": self.world}
+
+    def _owner(self, tensor) -> ManagedParam | None:
+        for m in self.managed:
+            if tensor is m.shard or tensor is m.param:
+                return m
+        return None

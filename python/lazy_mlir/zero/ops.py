@@ -1,0 +1,72 @@
+"""The two ops a ZeRO step is traced with: what must happen, not how.
+
+``lazy_mlir::unshard(shard, shape, group_size, group_name)``
+    The full tensor of logical ``shape`` whose flat, zero-padded data is split
+    in ``group_size`` equal shards over the group; ``shard`` is this rank's.
+``lazy_mlir::reduce_grad(grad, group_size, group_name, shard_rank)``
+    The mean of ``grad`` over the group's ranks (data parallelism): all of it
+    when ``shard_rank`` is -1, else only rank ``shard_rank``'s flat padded shard.
+
+They enter the lazy trace as single nodes (their Lazy kernels trace them as
+TorchScript builtins), so each compiled group sees them with full shapes;
+the ``zero-*`` MLIR passes then lower them to ``_c10d_functional``
+collectives, scheduled. Their CPU/CUDA kernels below are the same semantics
+run eagerly, for any group that runs in TorchScript: never a wrong answer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+_c10d = torch.ops._c10d_functional
+
+
+def shard_size(numel: int, group_size: int) -> int:
+    """Elements per rank of a flat tensor of ``numel`` split over ``group_size``."""
+    return max(1, math.ceil(numel / group_size))
+
+
+def flat_padded(tensor: torch.Tensor, group_size: int) -> torch.Tensor:
+    flat = tensor.reshape(-1)
+    pad = shard_size(flat.numel(), group_size) * group_size - flat.numel()
+    return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+
+
+@torch.library.custom_op("lazy_mlir::unshard", mutates_args=(), device_types=("cpu", "cuda"))
+def unshard(shard: torch.Tensor, shape: list[int], group_size: int, group_name: str) -> torch.Tensor:
+    gathered = _c10d.wait_tensor(_c10d.all_gather_into_tensor(shard.contiguous(), group_size, group_name))
+    return gathered[:math.prod(shape)].view(shape).clone()
+
+
+@unshard.register_fake
+def _(shard, shape, group_size, group_name):
+    return shard.new_empty(shape)
+
+
+@torch.library.custom_op("lazy_mlir::reduce_grad", mutates_args=(), device_types=("cpu", "cuda"))
+def reduce_grad(grad: torch.Tensor, group_size: int, group_name: str, shard_rank: int) -> torch.Tensor:
+    if shard_rank < 0:
+        total = _c10d.wait_tensor(_c10d.all_reduce(grad.contiguous(), "sum", group_name))
+        return total / group_size
+    flat = flat_padded(grad, group_size)
+    return _c10d.wait_tensor(_c10d.reduce_scatter_tensor(flat, "sum", group_size, group_name)) / group_size
+
+
+@reduce_grad.register_fake
+def _(grad, group_size, group_name, shard_rank):
+    if shard_rank < 0:
+        return torch.empty_like(grad)
+    return grad.new_empty(shard_size(grad.numel(), group_size))
+
+
+def _install_lazy_kernels() -> torch.library.Library:
+    from ..lazy_kernels import trace_builtin
+
+    lib = torch.library.Library("lazy_mlir", "IMPL")
+    for op in (torch.ops.lazy_mlir.unshard.default, torch.ops.lazy_mlir.reduce_grad.default):
+        lib.impl(op._schema.name.split("::")[1], lambda *a, _op=op, **k: trace_builtin(_op, a, k), "Lazy")
+    return lib
+
+
+_LAZY_LIB = _install_lazy_kernels()
