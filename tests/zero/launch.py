@@ -1,0 +1,40 @@
+"""Starts the ranks of a ZeRO test as plain processes (not torchrun, whose
+agent would kill the survivors of a crashed rank: the tests check what
+they do on their own)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, args: list[str], timeout: float) -> tuple[list[int | None], list[str], float]:
+    """Runs worker.py on ``world`` ranks; returns (exit codes, None for a
+    rank still running at ``timeout`` and killed; outputs; seconds taken)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, WORKER, *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    start = time.monotonic()
+    codes: list[int | None] = []
+    outputs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - start)))
+            codes.append(p.returncode)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            codes.append(None)
+        outputs.append(out)
+    return codes, outputs, time.monotonic() - start
