@@ -80,10 +80,13 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     return LoweredGroup(run, guards, _collective_bytes(gm))
 
 
-_COLLECTIVES = {  # functional collective -> (kind, argument whose size is the bytes moved)
-    torch.ops._c10d_functional.all_gather_into_tensor.default: ("all_gather", None),
-    torch.ops._c10d_functional.reduce_scatter_tensor.default: ("reduce_scatter", 0),
-    torch.ops._c10d_functional.all_reduce.default: ("all_reduce", 0),
+# functional collective -> (kind, argument whose size is moved (None: the
+# output), times). An all-reduce counts twice its input (a reduce-scatter and
+# an all-gather), as the ZeRO paper counts communication volume.
+_COLLECTIVES = {
+    torch.ops._c10d_functional.all_gather_into_tensor.default: ("all_gather", None, 1),
+    torch.ops._c10d_functional.reduce_scatter_tensor.default: ("reduce_scatter", 0, 1),
+    torch.ops._c10d_functional.all_reduce.default: ("all_reduce", 0, 2),
 }
 
 
@@ -92,9 +95,9 @@ def _collective_bytes(gm: torch.fx.GraphModule) -> dict[str, int]:
     moved: dict[str, int] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _COLLECTIVES:
-            kind, arg = _COLLECTIVES[node.target]
+            kind, arg, times = _COLLECTIVES[node.target]
             value = (node if arg is None else node.args[arg]).meta["val"]
-            moved[kind] = moved.get(kind, 0) + value.numel() * value.element_size()
+            moved[kind] = moved.get(kind, 0) + times * value.numel() * value.element_size()
     return moved
 
 

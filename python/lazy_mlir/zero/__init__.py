@@ -93,19 +93,18 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
 
 
 def _use_zero_pipeline(engine: ZeroEngine) -> None:
-    """Re-install lazy_mlir with the zero passes in its pipeline (before cse,
+    """Install lazy_mlir's pipeline with the engine's zero passes (before cse,
     which merges the constants they add)."""
-    import lazy_mlir
     import mlir_passes
     from lazy_mlir import config
 
-    cfg = config.current
-    passes = [p.spec() for p in mlir_passes.parse_pipeline(cfg.pipeline) if not p.name.startswith("zero-")]
+    passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline) if not p.name.startswith("zero-")]
     at = passes.index("cse") if "cse" in passes else len(passes)
     zero = [f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()}}}",
             f"zero-insert-gather{{regather={str(engine.stage == 3).lower()}}}",
             f"zero-prefetch{{budget-bytes={engine.prefetch_bytes}}}"]
-    lazy_mlir.init(**{**dataclasses.asdict(cfg), "pipeline": ",".join(passes[:at] + zero + passes[at:])})
+    engine.pipeline = ",".join(passes[:at] + zero + passes[at:])
+    engine._use_pipeline()
 
 
 def _engine(model) -> ZeroEngine:

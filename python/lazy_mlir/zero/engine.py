@@ -72,7 +72,8 @@ class ZeroEngine:
             for m in self.managed:
                 if m.sharded:
                     m.param.data = self._placeholder(m.param)
-            model.register_forward_pre_hook(self._gather_params)
+        self.pipeline: str | None = None  # set by zero.initialize
+        model.register_forward_pre_hook(self._begin_step)
 
     # ------------------------------------------------------------ set-up
     def _manage(self, name: str, p: torch.nn.Parameter) -> ManagedParam:
@@ -109,10 +110,22 @@ class ZeroEngine:
     def _reduce(self, grad: torch.Tensor, m: ManagedParam) -> torch.Tensor:
         return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, self.rank if m.sharded else -1)
 
-    def _gather_params(self, module, args):
-        for m in self.managed:
-            if m.sharded:
-                m.param.data = self._unshard(m)
+    def _begin_step(self, module, args):
+        self._use_pipeline()
+        if self.stage == 3:
+            for m in self.managed:
+                if m.sharded:
+                    m.param.data = self._unshard(m)
+
+    def _use_pipeline(self) -> None:
+        """The pass options are this engine's (stage, budget): switch them in
+        if another engine in this process changed them (compiled graphs of
+        both stay cached)."""
+        import lazy_mlir
+        from lazy_mlir import config
+
+        if self.pipeline is not None and config.current.pipeline != self.pipeline:
+            lazy_mlir.init(**{**dataclasses.asdict(config.current), "pipeline": self.pipeline})
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         m = self.by_param[id(p)]
