@@ -80,11 +80,10 @@ class ZeroEngine:
         if p.device.type != "lazy":
             raise ValueError(f"lazy_mlir.zero: parameter {name} is on {p.device}; move the model to 'lazy' first")
         shape, numel = list(p.shape), p.numel()
+        full = self._broadcast(p)  # every rank starts from rank 0's values
         if numel <= self.persistence_threshold:
-            full = self._broadcast(p)
             p.data = full.to(p.device)
             return ManagedParam(name, p, shape, numel, None)
-        full = self._broadcast(p)  # every rank starts from rank 0's values
         size = ops.shard_size(numel, self.world)
         local = ops.flat_padded(full, self.world)[self.rank * size:(self.rank + 1) * size].clone()
         if self.stage < 3:
@@ -197,9 +196,10 @@ class ZeroEngine:
             params += nbytes(m.param) + nbytes(m.shard)
             grads += nbytes(m.param.grad) + nbytes(m.grad_shard)
             full_params += m.numel * m.param.element_size()
+        owner = {id(m.shard if m.sharded else m.param): m for m in self.managed}
         state = full_state = 0
         for tensor, entry in optimizer.state.items():
-            m = self._owner(tensor)
+            m = owner.get(id(tensor))
             for value in entry.values():
                 if isinstance(value, torch.Tensor):
                     state += nbytes(value)
@@ -207,9 +207,3 @@ class ZeroEngine:
                     full_state += int(nbytes(value) * scale)
         return {"params": params, "grads": grads, "optimizer": state, "total": params + grads + state,
                 "unsharded_total": 2 * full_params + full_state, "world_size": self.world}
-
-    def _owner(self, tensor) -> ManagedParam | None:
-        for m in self.managed:
-            if tensor is m.shard or tensor is m.param:
-                return m
-        return None
