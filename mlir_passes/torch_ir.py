@@ -183,6 +183,20 @@ def functions(module) -> list:
     return [op.operation.opview for op in ops_of(module) if op.operation.name == "func.func"]
 
 
+def hoist_constants(block) -> None:
+    """Move every ``torch.constant.*`` op of ``block`` to its start, in order:
+    a pass that moves ops earlier is then bound by their real operands
+    only, not by where a shared constant happened to be printed."""
+    constants = [op.operation for op in block.operations if op.operation.name.startswith("torch.constant.")]
+    previous = None
+    for constant in constants:
+        if previous is not None:
+            constant.move_after(previous)
+        elif constant != block.operations[0].operation:
+            constant.move_before(block.operations[0].operation)
+        previous = constant
+
+
 def replace_op(op, new_values) -> None:
     for old, new in zip(op.operation.results, new_values, strict=True):
         old.replace_all_uses_with(new)

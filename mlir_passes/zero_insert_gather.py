@@ -7,7 +7,7 @@ import dataclasses
 from torch_mlir import ir
 
 from .base import Pass
-from .collectives import UNSHARD, all_gather, wait
+from .collectives import UNSHARD, all_gather, nbytes, wait
 from .registry import register
 from .torch_ir import constant_int, constant_value, create_aten, functions, int_list_value, op_error, op_name, \
     tensor_info, vtensor_type
@@ -36,15 +36,19 @@ class ZeroInsertGather(Pass):
     the gathered tensor where needed.
 
     With ``regather`` (ZeRO-3), the uses split into phases: a new phase
-    starts where some other parameter was used since this one's previous
-    use (typically: the forward use, then the backward uses). Each phase
-    gathers anew, so no gathered parameter, nor any value derived from it,
-    stays live across other parameters' uses; the code generator frees it
-    after the phase's last use. Guarantees: no ``unshard`` marker remains;
-    every gather's wait precedes all uses of its result."""
+    starts where other parameters of more than ``reuse-bytes`` in all were
+    used since this one's previous use (typically: the forward use, then
+    the backward uses). Each phase gathers anew, so no gathered parameter,
+    nor any value derived from it, stays live across more than
+    ``reuse-bytes`` of other parameters' uses; the code generator frees it
+    after the phase's last use. ``reuse-bytes`` > 0 keeps e.g. the last
+    layers gathered from their forward use to their backward use, as
+    DeepSpeed's reuse distance does. Guarantees: no ``unshard`` marker
+    remains; every gather's wait precedes all uses of its result."""
 
     name = "zero-insert-gather"
     regather: bool = True
+    reuse_bytes: int = 0
 
     def apply(self, module) -> None:
         for func in functions(module):
@@ -60,7 +64,8 @@ class ZeroInsertGather(Pass):
         # its operands do, so the dicts keyed by ops are only good until then.
         uses = [_external_uses(marker, index) for marker in markers]
         timeline = sorted((index[u], k) for k, (_, external) in enumerate(uses) for u in external)
-        plans = [(marker, derived, self._phases(k, external, index, timeline))
+        sizes = [nbytes(marker.results[0]) for marker in markers]
+        plans = [(marker, derived, self._phases(k, external, index, timeline, sizes))
                  for k, (marker, (derived, external)) in enumerate(zip(markers, uses))]
         for marker, derived, phases in plans:
             for phase in phases:
@@ -69,11 +74,12 @@ class ZeroInsertGather(Pass):
                 op.erase()
             marker.erase()
 
-    def _phases(self, k: int, external, index, timeline) -> list[list]:
+    def _phases(self, k: int, external, index, timeline, sizes) -> list[list]:
         phases: list[list] = []
         previous = None
         for use in external:
-            if previous is not None and not (self.regather and _others_between(timeline, k, previous, index[use])):
+            if previous is not None and not (self.regather and
+                                             _others_between(timeline, sizes, k, previous, index[use], self.reuse_bytes)):
                 phases[-1].append(use)
             else:
                 phases.append([use])
@@ -112,11 +118,13 @@ def _only_tensor_operand_is_derived(op, derived_values) -> bool:
     return len(tensors) == 1 and tensors[0] in derived_values
 
 
-def _others_between(timeline, k: int, start: int, end: int) -> bool:
-    """Whether another marker than the k-th is used strictly between positions start and end."""
+def _others_between(timeline, sizes, k: int, start: int, end: int, budget: int) -> bool:
+    """Whether other markers than the k-th, of more than ``budget`` bytes in
+    all, are used strictly between positions start and end."""
     lo = bisect.bisect_right(timeline, (start, float("inf")))
     hi = bisect.bisect_left(timeline, (end, -1))
-    return any(owner != k for _, owner in timeline[lo:hi])
+    others = {owner for _, owner in timeline[lo:hi] if owner != k}
+    return bool(others) and sum(sizes[o] for o in others) > budget
 
 
 def _gather_for(marker, derived: list, phase: list) -> None:

@@ -9,7 +9,8 @@ from torch_mlir.dialects import torch as torch_d
 from .base import Pass
 from .collectives import ALL_GATHER, WAIT, all_gather, flat_type, nbytes, wait
 from .registry import register
-from .torch_ir import constant_int, constant_value, create_aten, functions, int_list, op_name, tensor_info, vtensor_type
+from .torch_ir import constant_int, constant_value, create_aten, functions, hoist_constants, int_list, op_name, \
+    tensor_info, vtensor_type
 
 
 @register
@@ -39,6 +40,7 @@ class ZeroPrefetch(Pass):
             self._schedule(func.regions[0].blocks[0])
 
     def _schedule(self, block) -> None:
+        hoist_constants(block)  # a gather's group constants must not pin it late
         ops = [op.operation for op in block.operations]
         index = {op: i for i, op in enumerate(ops)}
         pairs = []  # (gather, wait) in the order of the waits
@@ -79,16 +81,27 @@ class ZeroPrefetch(Pass):
         self._bucket(pairs, sizes, anchors)
 
     def _bucket(self, pairs, sizes, anchors) -> None:
-        buckets: dict[tuple, list[int]] = {}
+        """Bucket consecutive gathers (in the order of their waits) issued at
+        one point, while the bucket holds at most ``bucket-bytes``: the
+        first use waits for the whole bucket, so buckets stay small."""
+        buckets: list[list[int]] = []
+        open_bucket: list[int] = []
+        key = None
         for i, (gather, _) in enumerate(pairs):
-            if anchors[i] is None or sizes[i] > self.bucket_bytes:
-                continue
             shard, group_size, group_name = gather.operands
-            key = (anchors[i], tensor_info(shard).dtype, constant_value(group_size), constant_value(group_name))
-            members = buckets.setdefault(key, [])
-            if all(pairs[m][0].operands[0] != shard for m in members):  # a shard twice: leave the re-gather be
-                members.append(i)
-        for members in buckets.values():
+            this_key = (anchors[i], tensor_info(shard).dtype, constant_value(group_size), constant_value(group_name))
+            fits = (anchors[i] is not None and this_key == key
+                    and sum(sizes[m] for m in open_bucket) + sizes[i] <= self.bucket_bytes
+                    and all(pairs[m][0].operands[0] != shard for m in open_bucket))  # a shard twice: a re-gather
+            if not fits:
+                buckets.append(open_bucket)
+                open_bucket, key = [], this_key
+            if anchors[i] is not None and sizes[i] <= self.bucket_bytes:
+                open_bucket.append(i)
+            else:
+                key = None
+        buckets.append(open_bucket)
+        for members in buckets:
             if len(members) > 1:
                 _merge([pairs[i] for i in members])
 

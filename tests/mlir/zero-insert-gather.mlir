@@ -1,6 +1,8 @@
 // RUN: lazy-mlir-opt %s -p zero-insert-gather --split-input-file | filecheck %s
 // RUN: lazy-mlir-opt %s -p "zero-insert-gather{regather=false}" --split-input-file | filecheck %s --check-prefix=ONCE
 // RUN: lazy-mlir-opt %s -p zero-insert-gather --split-input-file | filecheck %s --check-prefix=GONE
+// RUN: lazy-mlir-opt %s -p "zero-insert-gather{reuse-bytes=8}" --split-input-file | filecheck %s --check-prefix=REUSE
+// RUN: lazy-mlir-opt %s -p "zero-insert-gather{reuse-bytes=7}" --split-input-file | filecheck %s --check-prefix=NOREUSE
 
 // GONE-NOT: lazy_mlir.unshard
 
@@ -31,7 +33,17 @@
 // CHECK-NOT:     %[[V1]]
 // CHECK:         return %[[Y]], %[[G]]
 
-// Without regather (ZeRO-1/2, or a budget for memory), one gather serves all uses.
+// b's gathered 2 floats (8 bytes) fit a reuse budget of 8 bytes: w's first
+// gather serves its backward use too. A budget of 7 bytes does not keep it.
+// REUSE-LABEL: func.func @forward_backward
+// REUSE-COUNT-2: all_gather_into_tensor
+// REUSE-NOT:     all_gather_into_tensor
+// REUSE-LABEL: func.func @updated_parameter
+// NOREUSE-LABEL: func.func @forward_backward
+// NOREUSE-COUNT-3: all_gather_into_tensor
+// NOREUSE-LABEL: func.func @updated_parameter
+
+// Without regather (ZeRO-1/2), one gather serves all uses.
 // ONCE-LABEL: func.func @forward_backward
 // ONCE-COUNT-2: all_gather_into_tensor
 // ONCE-NOT:     all_gather_into_tensor

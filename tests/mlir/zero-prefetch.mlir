@@ -29,18 +29,19 @@
 // ALL-NEXT: {{.*}}all_gather_into_tensor"(%arg2
 // ALL-NEXT: torch.operator "torch._c10d_functional.wait_tensor"
 
-// Small gathers started at one point become one: shards concatenated,
-// gathered once, waited before the first use, split back per rank.
-// BUCKET:      %[[L:.*]] = torch.prim.ListConstruct %arg0, %arg1, %arg2
-// BUCKET:      %[[CAT:.*]] = torch.aten.cat %[[L]], %{{.*}} : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[12],f32>
-// BUCKET-NEXT: %[[G:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%[[CAT]], {{.*}} -> !torch.vtensor<[24],f32>
-// BUCKET-NOT:  all_gather_into_tensor
+// Small gathers started at one point become one while the bucket holds at
+// most 64 bytes: shards of the first two concatenated, gathered once, waited
+// before the first use, split back per rank; the third stays alone.
+// BUCKET:      %[[L:.*]] = torch.prim.ListConstruct %arg0, %arg1 :
+// BUCKET:      %[[CAT:.*]] = torch.aten.cat %[[L]], %{{.*}} : !torch.list<vtensor>, !torch.int -> !torch.vtensor<[8],f32>
+// BUCKET-NEXT: %[[G:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%[[CAT]], {{.*}} -> !torch.vtensor<[16],f32>
+// BUCKET-NEXT: %[[GC:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg2, {{.*}} -> !torch.vtensor<[8],f32>
 // BUCKET:      %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[G]])
-// BUCKET:      %[[ROWS:.*]] = torch.aten.view %[[W]], {{.*}} -> !torch.vtensor<[2,12],f32>
+// BUCKET:      %[[ROWS:.*]] = torch.aten.view %[[W]], {{.*}} -> !torch.vtensor<[2,8],f32>
 // BUCKET:      %[[P0:.*]] = torch.aten.slice.Tensor %[[ROWS]], {{.*}} -> !torch.vtensor<[2,4],f32>
 // BUCKET:      %[[F0:.*]] = torch.aten.reshape %[[P0]], {{.*}} -> !torch.vtensor<[8],f32>
 // BUCKET:      torch.aten.mul.Tensor %[[F0]], %[[F0]]
-// BUCKET-NOT:  all_gather_into_tensor
+// BUCKET:      torch.operator "torch._c10d_functional.wait_tensor"(%[[GC]])
 func.func @three_layers(%a: !torch.vtensor<[4],f32>, %b: !torch.vtensor<[4],f32>, %c: !torch.vtensor<[4],f32>) -> !torch.vtensor<[8],f32> {
   %int2 = torch.constant.int 2
   %str = torch.constant.str "0"
