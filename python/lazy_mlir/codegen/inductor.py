@@ -22,7 +22,13 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
 
     loaded_before = set(PyCodeCache.modules)
     planned = collective_issue_order(gm.code)
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), torch.no_grad():
+    # With collectives, the zero passes scheduled the graph under their memory
+    # budget; Inductor's peak-memory reordering would undo it (it starts
+    # each gather just before its wait, and pulls optimizer updates into
+    # backward, serializing every collective).
+    options = {"reorder_for_peak_memory": False} if planned else {}
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), torch.no_grad(), \
+            torch._inductor.config.patch(options):
         compiled = compile_fx(gm, fake_inputs)
     new_modules = [m for m in PyCodeCache.modules if m not in loaded_before]
     code = "\n\n".join(_source_of(m) for m in new_modules)
