@@ -95,7 +95,8 @@ def _build(variant: str, cfg, args):
     model = model.to("lazy")
     opt = make_adamw(model)
     model, opt = zero.initialize(model, opt, stage=int(variant[-1]), process_group=None,
-                                 prefetch_bytes=args.prefetch_bytes, persistence_threshold=args.persistence_threshold)
+                                 prefetch_bytes=args.prefetch_bytes, persistence_threshold=args.persistence_threshold,
+                                 reuse_bytes=args.reuse_bytes)
 
     def step(x, y, zero_grad=True):
         loss = model(x.to("lazy"), y.to("lazy"))
@@ -219,6 +220,9 @@ def main():
     parser.add_argument("--batch-size", type=int, default=8, help="global batch, split over the ranks")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--prefetch-bytes", type=int, default=8 * MIB)
+    parser.add_argument("--reuse-bytes", type=int, default=None,
+                        help="ZeRO-3: keep a gathered parameter until its next use across at most this many "
+                             "bytes of other parameters (default: --prefetch-bytes)")
     parser.add_argument("--persistence-threshold", type=int, default=1024,
                         help="parameters with fewer elements are not sharded")
     parser.add_argument("--json", default="zero_step.json")

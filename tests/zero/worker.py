@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--prefetch-bytes", type=int, default=4 << 20)
     parser.add_argument("--persistence-threshold", type=int, default=40)
+    parser.add_argument("--reuse-bytes", type=int, default=0)
     parser.add_argument("--die-at-step", type=int, default=-1, help="the last rank exits at this step")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
@@ -36,7 +37,8 @@ def main() -> None:
     model = make_gpt(CONFIG).to("lazy")
     model, optimizer = zero.initialize(model, make_adamw(model), stage=args.stage,
                                        prefetch_bytes=args.prefetch_bytes,
-                                       persistence_threshold=args.persistence_threshold)
+                                       persistence_threshold=args.persistence_threshold,
+                                       reuse_bytes=args.reuse_bytes)
     rows = CONFIG.batch_size // world
     losses, memory = [], None
     lazy_mlir.metrics.reset()

@@ -59,13 +59,17 @@ class ZeroOptimizer:
 
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
-               prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0):
+               prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None):
     """Shard ``model``'s parameters, gradients and ``optimizer``'s state over
     ``process_group`` (default: the world) for ZeRO ``stage`` 1, 2 or 3.
 
     ``prefetch_bytes``: gathered parameter bytes that may be in flight ahead
     of their use; ``persistence_threshold``: parameters with at most this many
-    elements stay whole on every rank (gradients all-reduced).
+    elements stay whole on every rank (gradients all-reduced);
+    ``reuse_bytes`` (stage 3; default ``prefetch_bytes``): a gathered
+    parameter stays gathered until its next use when at most this many bytes
+    of other parameters are used in between (the last layers, from forward
+    into backward), instead of being gathered again.
     Returns ``(model, optimizer)``: the same model, and an optimizer of
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
@@ -74,7 +78,8 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
         raise RuntimeError("lazy_mlir.zero.initialize: this model is already initialized")
     if any(optimizer.state.values()):
         raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
-    engine = ZeroEngine(model, stage, process_group, prefetch_bytes, persistence_threshold)
+    engine = ZeroEngine(model, stage, process_group, prefetch_bytes, persistence_threshold,
+                        prefetch_bytes if reuse_bytes is None else reuse_bytes)
     by_param = engine.by_param
     groups = []
     for group in optimizer.param_groups:
@@ -100,8 +105,9 @@ def _use_zero_pipeline(engine: ZeroEngine) -> None:
 
     passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline) if not p.name.startswith("zero-")]
     at = passes.index("cse") if "cse" in passes else len(passes)
-    zero = [f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()}}}",
-            f"zero-insert-gather{{regather={str(engine.stage == 3).lower()}}}",
+    zero = ["zero-hoist-reduces",
+            f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()}}}",
+            f"zero-insert-gather{{regather={str(engine.stage == 3).lower()},reuse-bytes={engine.reuse_bytes}}}",
             f"zero-prefetch{{budget-bytes={engine.prefetch_bytes}}}"]
     engine.pipeline = ",".join(passes[:at] + zero + passes[at:])
     engine._use_pipeline()
