@@ -96,7 +96,7 @@ def _build(variant: str, cfg, args):
     opt = make_adamw(model)
     model, opt = zero.initialize(model, opt, stage=int(variant[-1]), process_group=None,
                                  prefetch_bytes=args.prefetch_bytes, persistence_threshold=args.persistence_threshold,
-                                 reuse_bytes=args.reuse_bytes)
+                                 reuse_bytes=args.reuse_bytes, bucket_bytes=args.bucket_bytes)
 
     def step(x, y, zero_grad=True):
         loss = model(x.to("lazy"), y.to("lazy"))
@@ -223,6 +223,8 @@ def main():
     parser.add_argument("--reuse-bytes", type=int, default=None,
                         help="ZeRO-3: keep a gathered parameter until its next use across at most this many "
                              "bytes of other parameters (default: --prefetch-bytes)")
+    parser.add_argument("--bucket-bytes", type=int, default=4 * MIB,
+                        help="merge gradient reductions (and gathers started together) up to this size")
     parser.add_argument("--persistence-threshold", type=int, default=1024,
                         help="parameters with fewer elements are not sharded")
     parser.add_argument("--json", default="zero_step.json")

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+
 from .base import Pass
-from .collectives import ALL_REDUCE, REDUCE_GRAD, REDUCE_SCATTER, flat_type, shard_size, wait
+from .collectives import ALL_REDUCE, REDUCE_GRAD, REDUCE_SCATTER, flat_type, nbytes, shard_size, wait
 from .registry import register
 from .torch_ir import constant_float, constant_int, constant_str, constant_value, create_aten, create_op, \
-    functions, int_list, op_error, op_name, ops_of, tensor_info
+    functions, int_list, op_error, op_name, ops_of, tensor_info, vtensor_type
 
 
 @register
@@ -24,10 +27,16 @@ class ZeroReduceGrads(Pass):
     padded gradient (ZeRO-2/3); with ``all-reduce`` (ZeRO-1) by
     ``all_reduce`` and a slice at ``rank``. Rank -1 (parameters kept whole)
     is always an ``all_reduce``. The sum is divided by N after the wait.
-    Guarantees: no ``reduce_grad`` marker remains."""
+
+    Consecutive markers of one kind, group and dtype whose gradients hold at
+    most ``bucket-bytes`` in all share one collective (fewer, larger
+    transfers): it starts where the last of them was and is waited for
+    before the first use of any. Guarantees: no ``reduce_grad`` marker
+    remains."""
 
     name = "zero-reduce-grads"
     all_reduce: bool = False
+    bucket_bytes: int = 0
 
     def apply(self, module) -> None:
         for func in functions(module):
@@ -36,41 +45,146 @@ class ZeroReduceGrads(Pass):
             # first uses found before any rewrite: an op's hash changes with its operands
             first_uses = [min((u.owner.operation for u in m.results[0].uses), key=index.__getitem__, default=None)
                           for m in markers]
+            live = []
             for marker, first_use in zip(markers, first_uses):
-                self._lower(marker, first_use)
+                if first_use is None:
+                    marker.erase()  # a reduction nobody reads
+                else:
+                    live.append((marker, index[marker], first_use, index[first_use]))
+            for bucket in self._buckets(live):
+                if len(bucket) == 1:
+                    self._lower(bucket[0][0], bucket[0][2])
+                else:
+                    first_use = min(bucket, key=lambda member: member[3])[2]
+                    self._lower_bucket([member[0] for member in bucket], first_use)
+
+    def _buckets(self, live) -> list[list[tuple]]:
+        """Consecutive markers of one kind (whole, or sharded over the same
+        ranks), dtype and group, while their gradients hold at most
+        ``bucket-bytes`` in all and no member's result is used before the
+        last member's marker (where the bucket's collective starts)."""
+        buckets, key, total, earliest_use = [], None, 0, -1
+        for member in live:
+            marker, at, _, use_at = member
+            grad, group_size, group_name, shard_rank = marker.operands
+            this_key = (constant_value(shard_rank) < 0, constant_value(group_size), constant_value(group_name),
+                        tensor_info(grad).dtype)
+            size = nbytes(grad)
+            if buckets and this_key == key and total + size <= self.bucket_bytes and earliest_use > at:
+                buckets[-1].append(member)
+                total, earliest_use = total + size, min(earliest_use, use_at)
+            else:
+                buckets.append([member])
+                key, total, earliest_use = this_key, size, use_at
+        return buckets
 
     def _lower(self, marker, first_use) -> None:
         grad, group_size, group_name, shard_rank = marker.operands
-        world, rank = constant_value(group_size), constant_value(shard_rank)
-        if not isinstance(world, int) or not isinstance(rank, int):
-            raise op_error(self.name, marker, "group size and rank must be constants")
+        world, rank = _constants(self.name, marker)
         result = marker.results[0]
-        if first_use is None:
-            marker.erase()
-            return
         sum_ = constant_str("sum", marker)
         if rank < 0:
             started = create_op(ALL_REDUCE, [grad, sum_, group_name], [grad.type], marker).results[0]
             reduced = wait(started, first_use).results[0]
         else:
-            numel = 1
-            for d in tensor_info(grad).shape:
-                numel *= d
-            size = shard_size(numel, world)
-            flat = create_aten("reshape", [grad, int_list([-1], marker)], [flat_type(grad, numel)], marker).results[0]
-            if size * world != numel:
-                pad = [flat, int_list([0, size * world - numel], marker), constant_float(0.0, marker)]
-                flat = create_aten("constant_pad_nd", pad, [flat_type(grad, size * world)], marker).results[0]
+            flat = _flat_padded(grad, world, marker)
+            size = tensor_info(flat).shape[0] // world
             if self.all_reduce:
                 started = create_op(ALL_REDUCE, [flat, sum_, group_name], [flat.type], marker).results[0]
                 whole = wait(started, first_use).results[0]
-                args = [whole, constant_int(0, first_use), constant_int(rank * size, first_use),
-                        constant_int((rank + 1) * size, first_use), constant_int(1, first_use)]
-                reduced = create_aten("slice.Tensor", args, [result.type], first_use).results[0]
+                reduced = _slice(whole, 0, rank * size, size, result.type, first_use)
             else:
                 started = create_op(REDUCE_SCATTER, [flat, sum_, group_size, group_name], [result.type],
                                     marker).results[0]
                 reduced = wait(started, first_use).results[0]
-        mean = create_aten("div.Scalar", [reduced, constant_int(world, first_use)], [result.type], first_use)
-        result.replace_all_uses_with(mean.results[0])
-        marker.erase()
+        _replace_by_mean(marker, reduced, world, first_use)
+
+    def _lower_bucket(self, markers, first_use) -> None:
+        """One collective for several markers, started where the last of them
+        was (when all their gradients are made) and waited before the first
+        use of any. Sharded gradients are laid out [ranks, shard] side by
+        side, so each rank's slice of the bucket holds its shard of each."""
+        last = markers[-1]
+        _, group_size, group_name, shard_rank = last.operands
+        world, rank = _constants(self.name, last)
+        dtype, context = tensor_info(last.operands[0]).dtype, last.context
+        sum_ = constant_str("sum", last)
+        if rank < 0:
+            pieces = [create_aten("reshape", [m.operands[0], int_list([-1], last)],
+                                  [flat_type(m.operands[0], _numel(m.operands[0]))], last).results[0] for m in markers]
+            widths = [tensor_info(p).shape[0] for p in pieces]
+            cat = _cat(pieces, 0, vtensor_type((sum(widths),), dtype, context), last)
+            started = create_op(ALL_REDUCE, [cat, sum_, group_name], [cat.type], last).results[0]
+            reduced = wait(started, first_use).results[0]
+        else:
+            rows = []
+            for m in markers:
+                flat = _flat_padded(m.operands[0], world, last)
+                width = tensor_info(flat).shape[0] // world
+                rows.append(create_aten("view", [flat, int_list([world, width], last)],
+                                        [vtensor_type((world, width), dtype, context)], last).results[0])
+            widths = [tensor_info(r).shape[1] for r in rows]
+            total = sum(widths)
+            side_by_side = _cat(rows, 1, vtensor_type((world, total), dtype, context), last)
+            flat = create_aten("reshape", [side_by_side, int_list([-1], last)],
+                               [vtensor_type((world * total,), dtype, context)], last).results[0]
+            mine = vtensor_type((total,), dtype, context)
+            if self.all_reduce:
+                started = create_op(ALL_REDUCE, [flat, sum_, group_name], [flat.type], last).results[0]
+                whole = wait(started, first_use).results[0]
+                reduced = _slice(whole, 0, rank * total, total, mine, first_use)
+            else:
+                started = create_op(REDUCE_SCATTER, [flat, sum_, group_size, group_name], [mine], last).results[0]
+                reduced = wait(started, first_use).results[0]
+        offset = 0
+        for m, width in zip(markers, widths):
+            part = _slice(reduced, 0, offset, width, vtensor_type((width,), dtype, context), first_use)
+            shaped = create_aten("view", [part, int_list(tensor_info(m.results[0]).shape, first_use)],
+                                 [m.results[0].type], first_use).results[0]
+            _replace_by_mean(m, shaped, world, first_use)
+            offset += width
+
+
+def _constants(pass_name, marker) -> tuple[int, int]:
+    _, group_size, _, shard_rank = marker.operands
+    world, rank = constant_value(group_size), constant_value(shard_rank)
+    if not isinstance(world, int) or not isinstance(rank, int):
+        raise op_error(pass_name, marker, "group size and rank must be constants")
+    return world, rank
+
+
+def _numel(value) -> int:
+    numel = 1
+    for d in tensor_info(value).shape:
+        numel *= d
+    return numel
+
+
+def _flat_padded(grad, world: int, before):
+    """``grad`` flattened and zero-padded to a multiple of ``world``."""
+    numel = _numel(grad)
+    size = shard_size(numel, world)
+    flat = create_aten("reshape", [grad, int_list([-1], before)], [flat_type(grad, numel)], before).results[0]
+    if size * world != numel:
+        pad = [flat, int_list([0, size * world - numel], before), constant_float(0.0, before)]
+        flat = create_aten("constant_pad_nd", pad, [flat_type(grad, size * world)], before).results[0]
+    return flat
+
+
+def _slice(value, dim: int, start: int, length: int, result_type, before):
+    args = [value, constant_int(dim, before), constant_int(start, before), constant_int(start + length, before),
+            constant_int(1, before)]
+    return create_aten("slice.Tensor", args, [result_type], before).results[0]
+
+
+def _cat(values, dim: int, result_type, before):
+    with ir.InsertionPoint(before), before.location:
+        tensors = torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<vtensor>", before.context), values).result
+    return create_aten("cat", [tensors, constant_int(dim, before)], [result_type], before).results[0]
+
+
+def _replace_by_mean(marker, reduced, world: int, before) -> None:
+    result = marker.results[0]
+    mean = create_aten("div.Scalar", [reduced, constant_int(world, before)], [result.type], before)
+    result.replace_all_uses_with(mean.results[0])
+    marker.erase()

@@ -53,3 +53,51 @@ func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
   %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
   return %r : !torch.vtensor<[3],f32>
 }
+
+// -----
+
+// Bucketing: two sharded gradients (6 and 5 elements over 2 ranks: shards of
+// 3 and 3) share one reduce-scatter, laid out [2 ranks, 3 + 3] side by side,
+// started where the second marker was; the whole (rank -1) gradient after
+// them is another kind and keeps its own all-reduce.
+// RUN: lazy-mlir-opt %s -p "zero-reduce-grads{bucket-bytes=64}" --split-input-file | filecheck %s --check-prefix=BUCKET
+// BUCKET-LABEL: func.func @bucketed
+// BUCKET:         %[[M:.*]] = torch.aten.mul.Tensor %arg1, %arg1
+// BUCKET:         torch.aten.view {{.*}} -> !torch.vtensor<[2,3],f32>
+// BUCKET:         torch.aten.constant_pad_nd {{.*}} -> !torch.vtensor<[6],f32>
+// BUCKET:         torch.aten.view {{.*}} -> !torch.vtensor<[2,3],f32>
+// BUCKET:         %[[CAT:.*]] = torch.aten.cat {{.*}} -> !torch.vtensor<[2,6],f32>
+// BUCKET:         %[[FLAT:.*]] = torch.aten.reshape %[[CAT]], {{.*}} -> !torch.vtensor<[12],f32>
+// BUCKET-NEXT:    %[[RS:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%[[FLAT]], {{.*}} -> !torch.vtensor<[6],f32>
+// BUCKET-NOT:     reduce_scatter_tensor
+// BUCKET:         torch.operator "torch._c10d_functional.all_reduce"(%arg2
+// BUCKET:         %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[RS]])
+// BUCKET:         torch.aten.slice.Tensor %[[W]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : {{.*}} -> !torch.vtensor<[3],f32>
+// BUCKET:         torch.aten.slice.Tensor %[[W]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : {{.*}} -> !torch.vtensor<[3],f32>
+// BUCKET-LABEL: func.func @not_bucketed
+// BUCKET-COUNT-2: reduce_scatter_tensor
+func.func @bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %k: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>) {
+  %int2 = torch.constant.int 2
+  %int0 = torch.constant.int 0
+  %intm1 = torch.constant.int -1
+  %str = torch.constant.str "0"
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %m = torch.aten.mul.Tensor %h, %h : !torch.vtensor<[5],f32>, !torch.vtensor<[5],f32> -> !torch.vtensor<[5],f32>
+  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%m, %int2, %str, %int0) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %a = torch.operator "torch.lazy_mlir.reduce_grad"(%k, %int2, %str, %intm1) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[2],f32>
+  return %r, %s, %a : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>
+}
+
+// -----
+
+// The first result is used before the second marker: no bucket (its wait
+// would precede the shared collective's start).
+func.func @not_bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[6],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>) {
+  %int2 = torch.constant.int 2
+  %int0 = torch.constant.int 0
+  %str = torch.constant.str "0"
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %u = torch.aten.mul.Tensor %r, %r : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
+  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %str, %int0) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  return %u, %s : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>
+}

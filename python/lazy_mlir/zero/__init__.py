@@ -59,7 +59,8 @@ class ZeroOptimizer:
 
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
-               prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None):
+               prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None,
+               bucket_bytes: int = 4 << 20):
     """Shard ``model``'s parameters, gradients and ``optimizer``'s state over
     ``process_group`` (default: the world) for ZeRO ``stage`` 1, 2 or 3.
 
@@ -69,7 +70,9 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     ``reuse_bytes`` (stage 3; default ``prefetch_bytes``): a gathered
     parameter stays gathered until its next use when at most this many bytes
     of other parameters are used in between (the last layers, from forward
-    into backward), instead of being gathered again.
+    into backward), instead of being gathered again; ``bucket_bytes``:
+    gradient reductions, and gathers started at one point, are merged into
+    collectives of up to this many bytes.
     Returns ``(model, optimizer)``: the same model, and an optimizer of
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
@@ -79,7 +82,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     if any(optimizer.state.values()):
         raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
     engine = ZeroEngine(model, stage, process_group, prefetch_bytes, persistence_threshold,
-                        prefetch_bytes if reuse_bytes is None else reuse_bytes)
+                        prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes)
     by_param = engine.by_param
     groups = []
     for group in optimizer.param_groups:
@@ -106,9 +109,9 @@ def _use_zero_pipeline(engine: ZeroEngine) -> None:
     passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline) if not p.name.startswith("zero-")]
     at = passes.index("cse") if "cse" in passes else len(passes)
     zero = ["zero-hoist-reduces",
-            f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()}}}",
+            f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()},bucket-bytes={engine.bucket_bytes}}}",
             f"zero-insert-gather{{regather={str(engine.stage == 3).lower()},reuse-bytes={engine.reuse_bytes}}}",
-            f"zero-prefetch{{budget-bytes={engine.prefetch_bytes}}}"]
+            f"zero-prefetch{{budget-bytes={engine.prefetch_bytes},bucket-bytes={engine.bucket_bytes}}}"]
     engine.pipeline = ",".join(passes[:at] + zero + passes[at:])
     engine._use_pipeline()
 

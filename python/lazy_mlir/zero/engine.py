@@ -45,7 +45,8 @@ class ManagedParam:
 
 
 class ZeroEngine:
-    def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes):
+    def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes,
+                 bucket_bytes):
         if stage not in (1, 2, 3):
             raise ValueError(f"lazy_mlir.zero: stage must be 1, 2 or 3, got {stage!r}")
         if not dist.is_initialized():
@@ -57,6 +58,7 @@ class ZeroEngine:
         self.rank = dist.get_rank(self.group)
         self.prefetch_bytes = prefetch_bytes
         self.reuse_bytes = reuse_bytes
+        self.bucket_bytes = bucket_bytes
         self.persistence_threshold = persistence_threshold
         self.managed: list[ManagedParam] = []
         seen: set[int] = set()
