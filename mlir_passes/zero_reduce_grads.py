@@ -66,9 +66,9 @@ class ZeroReduceGrads(Pass):
         buckets, key, total, earliest_use = [], None, 0, -1
         for member in live:
             marker, at, _, use_at = member
-            grad, group_size, group_name, shard_rank = marker.operands
-            this_key = (constant_value(shard_rank) < 0, constant_value(group_size), constant_value(group_name),
-                        tensor_info(grad).dtype)
+            grad, _, group_name, _ = marker.operands
+            world, rank = _constants(self.name, marker)
+            this_key = (rank < 0, world, constant_value(group_name), tensor_info(grad).dtype)
             size = nbytes(grad)
             if buckets and this_key == key and total + size <= self.bucket_bytes and earliest_use > at:
                 buckets[-1].append(member)
