@@ -34,6 +34,23 @@ def flat_type(value: ir.Value, numel: int) -> ir.Type:
     return vtensor_type((numel,), tensor_info(value).dtype, value.type.context)
 
 
+def consecutive_buckets(items, key, size, limit: int, joins=lambda bucket, item: True) -> list[list]:
+    """``items`` cut into runs of one ``key(item)`` (None: never shares a
+    bucket) holding at most ``limit`` bytes of ``size(item)`` in all, where
+    ``joins(bucket, item)`` accepts each item added."""
+    buckets, total = [], 0
+    for item in items:
+        k = key(item)
+        if (buckets and k is not None and k == key(buckets[-1][0]) and total + size(item) <= limit
+                and joins(buckets[-1], item)):
+            buckets[-1].append(item)
+            total += size(item)
+        else:
+            buckets.append([item])
+            total = size(item)
+    return buckets
+
+
 def wait(value: ir.Value, before) -> ir.Operation:
     return create_op(WAIT, [value], [value.type], before)
 

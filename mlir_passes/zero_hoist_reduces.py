@@ -50,25 +50,26 @@ class ZeroHoistReduces(Pass):
                 self._hoist(block, marker, landed)
 
     def _hoist(self, block, marker, landed) -> None:
+        # ops key the dicts below: moving ops keeps their hashes (changing operands would not)
         ops = [op.operation for op in block.operations]
-        index = {_key(op): i for i, op in enumerate(ops)}
-        at = index[_key(marker)]
-        cone = {_key(marker)}
+        index = {op: i for i, op in enumerate(ops)}
+        at = index[marker]
+        cone = {marker}
         for op in reversed(ops[:at]):  # users come after their definitions: decided first
             if _movable(op) and _results_used_only_by(op, cone) and any(True for r in op.results for _ in r.uses):
-                cone.add(_key(op))
-        members = [op for op in ops[:at + 1] if _key(op) in cone]
+                cone.add(op)
+        members = [op for op in ops[:at + 1] if op in cone]
         anchor_index = -1
         for op in members:
             for value in op.operands:
                 owner = value.owner
-                if not isinstance(owner, ir.Block) and _key(owner.operation) not in cone:
-                    anchor_index = max(anchor_index, index[_key(owner.operation)])
+                if not isinstance(owner, ir.Block) and owner.operation not in cone:
+                    anchor_index = max(anchor_index, index[owner.operation])
         anchor = ops[anchor_index] if anchor_index >= 0 else None
         after = next((last for a, last in landed if _same(a, anchor)), anchor)
-        after_index = index[_key(after)] if after is not None else -1
-        moving = [op for op in members if index[_key(op)] > anchor_index]
-        if all(index[_key(op)] == after_index + 1 + k for k, op in enumerate(moving)):
+        after_index = index[after] if after is not None else -1
+        moving = [op for op in members if index[op] > anchor_index]
+        if all(index[op] == after_index + 1 + k for k, op in enumerate(moving)):
             landed[:] = [(a, last) for a, last in landed if not _same(a, anchor)] + [(anchor, marker)]
             return  # already there
         for op in moving:
@@ -96,10 +97,5 @@ def _movable(op) -> bool:
     return not any(str(t).startswith("!torch.tensor") for t in types)
 
 
-def _key(op) -> int:
-    """``op``'s identity: moving ops keeps it (changing operands would not)."""
-    return hash(op.operation)
-
-
 def _results_used_only_by(op, cone: set[int]) -> bool:
-    return all(_key(use.owner.operation) in cone for result in op.results for use in result.uses)
+    return all(use.owner.operation in cone for result in op.results for use in result.uses)

@@ -7,7 +7,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from .base import Pass
-from .collectives import ALL_GATHER, WAIT, all_gather, flat_type, nbytes, wait
+from .collectives import ALL_GATHER, WAIT, all_gather, consecutive_buckets, flat_type, nbytes, wait
 from .registry import register
 from .torch_ir import constant_int, constant_value, create_aten, functions, hoist_constants, int_list, op_name, \
     tensor_info, vtensor_type
@@ -84,26 +84,18 @@ class ZeroPrefetch(Pass):
         """Bucket consecutive gathers (in the order of their waits) issued at
         one point, while the bucket holds at most ``bucket-bytes``: the
         first use waits for the whole bucket, so buckets stay small."""
-        buckets: list[list[int]] = []
-        open_bucket: list[int] = []
-        key = None
-        for i, (gather, _) in enumerate(pairs):
-            shard, group_size, group_name = gather.operands
-            this_key = (anchors[i], tensor_info(shard).dtype, constant_value(group_size), constant_value(group_name))
-            fits = (anchors[i] is not None and this_key == key
-                    and sum(sizes[m] for m in open_bucket) + sizes[i] <= self.bucket_bytes
-                    and all(pairs[m][0].operands[0] != shard for m in open_bucket))  # a shard twice: a re-gather
-            if not fits:
-                buckets.append(open_bucket)
-                open_bucket, key = [], this_key
-            if anchors[i] is not None and sizes[i] <= self.bucket_bytes:
-                open_bucket.append(i)
-            else:
-                key = None
-        buckets.append(open_bucket)
-        for members in buckets:
-            if len(members) > 1:
-                _merge([pairs[i] for i in members])
+        def key(i):
+            if anchors[i] is None or sizes[i] > self.bucket_bytes:
+                return None
+            shard, group_size, group_name = pairs[i][0].operands
+            return anchors[i], tensor_info(shard).dtype, constant_value(group_size), constant_value(group_name)
+
+        def joins(bucket, i):  # a shard twice is a re-gather: leave it be
+            return all(pairs[m][0].operands[0] != pairs[i][0].operands[0] for m in bucket)
+
+        for bucket in consecutive_buckets(range(len(pairs)), key, sizes.__getitem__, self.bucket_bytes, joins):
+            if len(bucket) > 1:
+                _merge([pairs[i] for i in bucket])
 
 
 def _definition_point(gather):

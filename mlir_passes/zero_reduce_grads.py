@@ -7,7 +7,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from .base import Pass
-from .collectives import ALL_REDUCE, REDUCE_GRAD, REDUCE_SCATTER, flat_type, nbytes, shard_size, wait
+from .collectives import ALL_REDUCE, REDUCE_GRAD, REDUCE_SCATTER, consecutive_buckets, flat_type, nbytes, \
+    shard_size, wait
 from .registry import register
 from .torch_ir import constant_float, constant_int, constant_str, constant_value, create_aten, create_op, \
     functions, int_list, op_error, op_name, ops_of, tensor_info, vtensor_type
@@ -63,20 +64,15 @@ class ZeroReduceGrads(Pass):
         ranks), dtype and group, while their gradients hold at most
         ``bucket-bytes`` in all and no member's result is used before the
         last member's marker (where the bucket's collective starts)."""
-        buckets, key, total, earliest_use = [], None, 0, -1
-        for member in live:
-            marker, at, _, use_at = member
-            grad, _, group_name, _ = marker.operands
+        def key(member):
+            marker = member[0]
             world, rank = _constants(self.name, marker)
-            this_key = (rank < 0, world, constant_value(group_name), tensor_info(grad).dtype)
-            size = nbytes(grad)
-            if buckets and this_key == key and total + size <= self.bucket_bytes and earliest_use > at:
-                buckets[-1].append(member)
-                total, earliest_use = total + size, min(earliest_use, use_at)
-            else:
-                buckets.append([member])
-                key, total, earliest_use = this_key, size, use_at
-        return buckets
+            return rank < 0, world, constant_value(marker.operands[2]), tensor_info(marker.operands[0]).dtype
+
+        def joins(bucket, member):
+            return min(m[3] for m in bucket) > member[1]
+
+        return consecutive_buckets(live, key, lambda member: nbytes(member[0].operands[0]), self.bucket_bytes, joins)
 
     def _lower(self, marker, first_use) -> None:
         grad, group_size, group_name, shard_rank = marker.operands
