@@ -16,6 +16,7 @@ C10D = "torch._c10d_functional."
 ALL_GATHER = C10D + "all_gather_into_tensor"  # (shard, group_size, group_name), async
 REDUCE_SCATTER = C10D + "reduce_scatter_tensor"  # (input, "sum", group_size, group_name), async
 ALL_REDUCE = C10D + "all_reduce"  # (input, "sum", group_name), async
+ALL_TO_ALL = C10D + "all_to_all_single"  # (input, output_splits, input_splits, group_name), async
 WAIT = C10D + "wait_tensor"       # (async result) -> its value
 
 

@@ -149,6 +149,14 @@ def constant_str(value: str, before) -> ir.Value:
     return torch_d.ConstantStrOp(value, loc=before.location, ip=ir.InsertionPoint(before)).result
 
 
+def constant_bool(value: bool, before) -> ir.Value:
+    return torch_d.ConstantBoolOp(value, loc=before.location, ip=ir.InsertionPoint(before)).result
+
+
+def constant_none(before) -> ir.Value:
+    return torch_d.ConstantNoneOp(loc=before.location, ip=ir.InsertionPoint(before)).result
+
+
 def int_list(values, before) -> ir.Value:
     """``torch.prim.ListConstruct`` of int constants."""
     items = [constant_int(v, before) for v in values]

@@ -7,11 +7,11 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from .base import Pass
-from .collectives import ALL_REDUCE, REDUCE_GRAD, REDUCE_SCATTER, consecutive_buckets, flat_type, nbytes, \
-    shard_size, wait
+from .collectives import ALL_REDUCE, ALL_TO_ALL, REDUCE_GRAD, REDUCE_SCATTER, consecutive_buckets, flat_type, \
+    nbytes, shard_size, wait
 from .registry import register
-from .torch_ir import constant_float, constant_int, constant_str, constant_value, create_aten, create_op, \
-    functions, int_list, op_error, op_name, ops_of, tensor_info, vtensor_type
+from .torch_ir import constant_bool, constant_float, constant_int, constant_none, constant_str, constant_value, \
+    create_aten, create_op, functions, int_list, op_error, op_name, ops_of, tensor_info, vtensor_type
 
 
 @register
@@ -26,17 +26,22 @@ class ZeroReduceGrads(Pass):
 
     A shard is made with ``reduce_scatter_tensor`` over the flattened,
     padded gradient (ZeRO-2/3); with ``all-reduce`` (ZeRO-1) by
-    ``all_reduce`` and a slice at ``rank``. Rank -1 (parameters kept whole)
-    is always an ``all_reduce``. The sum is divided by N after the wait.
+    ``all_reduce`` and a slice at ``rank``; with ``all-to-all`` by
+    ``all_to_all_single`` (each rank receives every rank's copy of its
+    slice) and a sum over ranks: the same bytes as a reduce-scatter, where
+    gloo runs ``reduce_scatter_tensor`` as an all-reduce (twice the bytes)
+    plus copies. Rank -1 (parameters kept whole) is an ``all_reduce``. The
+    sum is divided by N after the wait.
 
-    Consecutive markers of one kind, group and dtype whose gradients hold at
-    most ``bucket-bytes`` in all share one collective (fewer, larger
-    transfers): it starts where the last of them was and is waited for
-    before the first use of any. Guarantees: no ``reduce_grad`` marker
-    remains."""
+    Consecutive markers of one kind (whole or sharded; with ``all-to-all``
+    both), group and dtype whose gradients hold at most ``bucket-bytes`` in
+    all share one collective (fewer, larger transfers): it starts where the
+    last of them was and is waited for before the first use of any.
+    Guarantees: no ``reduce_grad`` marker remains."""
 
     name = "zero-reduce-grads"
     all_reduce: bool = False
+    all_to_all: bool = False
     bucket_bytes: int = 0
 
     def apply(self, module) -> None:
@@ -61,13 +66,16 @@ class ZeroReduceGrads(Pass):
 
     def _buckets(self, live) -> list[list[tuple]]:
         """Consecutive markers of one kind (whole, or sharded over the same
-        ranks), dtype and group, while their gradients hold at most
-        ``bucket-bytes`` in all and no member's result is used before the
-        last member's marker (where the bucket's collective starts)."""
+        ranks; with all-to-all, both), dtype and group, while their
+        gradients hold at most ``bucket-bytes`` in all and no member's result
+        is used before the last member's marker (where the bucket's
+        collective starts)."""
         def key(member):
             marker = member[0]
             world, rank = _constants(self.name, marker)
-            return rank < 0, world, constant_value(marker.operands[2]), tensor_info(marker.operands[0]).dtype
+            # an all-to-all bucket carries whole gradients too (see _lower_bucket)
+            kind = None if self.all_to_all else rank < 0
+            return kind, world, constant_value(marker.operands[2]), tensor_info(marker.operands[0]).dtype
 
         def joins(bucket, member):
             return min(m[3] for m in bucket) > member[1]
@@ -75,46 +83,69 @@ class ZeroReduceGrads(Pass):
         return consecutive_buckets(live, key, lambda member: nbytes(member[0].operands[0]), self.bucket_bytes, joins)
 
     def _lower(self, marker, first_use) -> None:
-        grad, group_size, group_name, shard_rank = marker.operands
+        grad, group_size, group_name, _ = marker.operands
         world, rank = _constants(self.name, marker)
-        result = marker.results[0]
-        sum_ = constant_str("sum", marker)
         if rank < 0:
-            started = create_op(ALL_REDUCE, [grad, sum_, group_name], [grad.type], marker).results[0]
+            started = create_op(ALL_REDUCE, [grad, constant_str("sum", marker), group_name], [grad.type],
+                                marker).results[0]
             reduced = wait(started, first_use).results[0]
         else:
             flat = _flat_padded(grad, world, marker)
-            size = tensor_info(flat).shape[0] // world
-            if self.all_reduce:
-                started = create_op(ALL_REDUCE, [flat, sum_, group_name], [flat.type], marker).results[0]
-                whole = wait(started, first_use).results[0]
-                reduced = _slice(whole, 0, rank * size, size, result.type, first_use)
-            else:
-                started = create_op(REDUCE_SCATTER, [flat, sum_, group_size, group_name], [result.type],
-                                    marker).results[0]
-                reduced = wait(started, first_use).results[0]
+            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, marker, first_use)
         _replace_by_mean(marker, reduced, world, first_use)
+
+    def _sum_my_shard(self, flat, world: int, rank: int, group_size, group_name, start, first_use):
+        """This rank's 1/world slice of the sum over ranks of ``flat``: the
+        collective starts before op ``start``, is waited before ``first_use``."""
+        width = tensor_info(flat).shape[0] // world
+        dtype, context = tensor_info(flat).dtype, flat.type.context
+        mine = vtensor_type((width,), dtype, context)
+        if self.all_reduce:
+            started = create_op(ALL_REDUCE, [flat, constant_str("sum", start), group_name], [flat.type],
+                                start).results[0]
+            return _slice(wait(started, first_use).results[0], 0, rank * width, width, mine, first_use)
+        if self.all_to_all:  # receive every rank's copy of my slice, then add them up here
+            splits = int_list([width] * world, start)
+            started = create_op(ALL_TO_ALL, [flat, splits, splits, group_name], [flat.type], start).results[0]
+            copies = create_aten("view", [wait(started, first_use).results[0], int_list([world, width], first_use)],
+                                 [vtensor_type((world, width), dtype, context)], first_use).results[0]
+            args = [copies, int_list([0], first_use), constant_bool(False, first_use), constant_none(first_use)]
+            return create_aten("sum.dim_IntList", args, [mine], first_use).results[0]
+        started = create_op(REDUCE_SCATTER, [flat, constant_str("sum", start), group_size, group_name], [mine],
+                            start).results[0]
+        return wait(started, first_use).results[0]
 
     def _lower_bucket(self, markers, first_use) -> None:
         """One collective for several markers, started where the last of them
         was (when all their gradients are made) and waited before the first
         use of any. Sharded gradients are laid out [ranks, shard] side by
-        side, so each rank's slice of the bucket holds its shard of each."""
+        side, so each rank's slice of the bucket holds its shard of each. A
+        whole gradient in an all-to-all bucket takes one full copy per rank
+        (each rank receives all ranks' copies and sums them, an all-reduce
+        without a collective of its own: gloo pays per collective)."""
         last = markers[-1]
-        _, group_size, group_name, shard_rank = last.operands
-        world, rank = _constants(self.name, last)
+        _, group_size, group_name, _ = last.operands
+        world = _constants(self.name, last)[0]
+        rank = max(_constants(self.name, m)[1] for m in markers)  # -1: all whole
         dtype, context = tensor_info(last.operands[0]).dtype, last.context
-        sum_ = constant_str("sum", last)
         if rank < 0:
             pieces = [create_aten("reshape", [m.operands[0], int_list([-1], last)],
                                   [flat_type(m.operands[0], _numel(m.operands[0]))], last).results[0] for m in markers]
             widths = [tensor_info(p).shape[0] for p in pieces]
             cat = _cat(pieces, 0, vtensor_type((sum(widths),), dtype, context), last)
-            started = create_op(ALL_REDUCE, [cat, sum_, group_name], [cat.type], last).results[0]
+            started = create_op(ALL_REDUCE, [cat, constant_str("sum", last), group_name], [cat.type], last).results[0]
             reduced = wait(started, first_use).results[0]
         else:
             rows = []
             for m in markers:
+                if _constants(self.name, m)[1] < 0:
+                    width = _numel(m.operands[0])
+                    one = create_aten("reshape", [m.operands[0], int_list([1, width], last)],
+                                      [vtensor_type((1, width), dtype, context)], last).results[0]
+                    copies = [one, int_list([world, width], last), constant_bool(False, last)]
+                    rows.append(create_aten("expand", copies, [vtensor_type((world, width), dtype, context)],
+                                            last).results[0])
+                    continue
                 flat = _flat_padded(m.operands[0], world, last)
                 width = tensor_info(flat).shape[0] // world
                 rows.append(create_aten("view", [flat, int_list([world, width], last)],
@@ -124,14 +155,7 @@ class ZeroReduceGrads(Pass):
             side_by_side = _cat(rows, 1, vtensor_type((world, total), dtype, context), last)
             flat = create_aten("reshape", [side_by_side, int_list([-1], last)],
                                [vtensor_type((world * total,), dtype, context)], last).results[0]
-            mine = vtensor_type((total,), dtype, context)
-            if self.all_reduce:
-                started = create_op(ALL_REDUCE, [flat, sum_, group_name], [flat.type], last).results[0]
-                whole = wait(started, first_use).results[0]
-                reduced = _slice(whole, 0, rank * total, total, mine, first_use)
-            else:
-                started = create_op(REDUCE_SCATTER, [flat, sum_, group_size, group_name], [mine], last).results[0]
-                reduced = wait(started, first_use).results[0]
+            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, last, first_use)
         offset = 0
         for m, width in zip(markers, widths):
             part = _slice(reduced, 0, offset, width, vtensor_type((width,), dtype, context), first_use)

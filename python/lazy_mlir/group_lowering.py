@@ -87,6 +87,7 @@ _COLLECTIVES = {
     torch.ops._c10d_functional.all_gather_into_tensor.default: ("all_gather", None, 1),
     torch.ops._c10d_functional.reduce_scatter_tensor.default: ("reduce_scatter", 0, 1),
     torch.ops._c10d_functional.all_reduce.default: ("all_reduce", 0, 2),
+    torch.ops._c10d_functional.all_to_all_single.default: ("all_to_all", 0, 1),
 }
 
 

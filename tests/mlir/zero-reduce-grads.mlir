@@ -7,7 +7,7 @@
 
 // CHECK-LABEL: func.func @step
 // CHECK:         %[[FLAT:.*]] = torch.aten.reshape %arg0, %{{.*}} -> !torch.vtensor<[6],f32>
-// CHECK-NEXT:    %[[RS:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%[[FLAT]], %{{.*}}, %{{.*}}, %{{.*}}) : (!torch.vtensor<[6],f32>, !torch.str, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+// CHECK:         %[[RS:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%[[FLAT]], %{{.*}}, %{{.*}}, %{{.*}}) : (!torch.vtensor<[6],f32>, !torch.str, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
 // CHECK:         %[[ALLRED:.*]] = torch.operator "torch._c10d_functional.all_reduce"(%arg2, %{{.*}}, %{{.*}}) : (!torch.vtensor<[2],f32>, !torch.str, !torch.str) -> !torch.vtensor<[2],f32>
 // CHECK-NEXT:    %[[X:.*]] = torch.aten.mul.Tensor %arg1, %arg1
 // CHECK-NEXT:    %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[RS]])
@@ -28,6 +28,21 @@
 // AR-NEXT:    %[[ONE:.*]] = torch.constant.int 1
 // AR-NEXT:    torch.aten.slice.Tensor %[[W]], %[[D0]], %[[LO]], %[[HI]], %[[ONE]] : !torch.vtensor<[6],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2],f32>
 // AR-NOT:     reduce_scatter
+
+// all-to-all: rank 1 receives the 3 ranks' copies of its 2-element slice
+// and adds them up after the wait; the whole gradient keeps its all-reduce.
+// RUN: lazy-mlir-opt %s -p "zero-reduce-grads{all-to-all=true}" --split-input-file | filecheck %s --check-prefix=TOALL
+// TOALL-LABEL: func.func @step
+// TOALL:         %[[FLAT:.*]] = torch.aten.reshape %arg0, %{{.*}} -> !torch.vtensor<[6],f32>
+// TOALL:         %[[SPLITS:.*]] = torch.prim.ListConstruct {{.*}} : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+// TOALL-NEXT:    %[[SENT:.*]] = torch.operator "torch._c10d_functional.all_to_all_single"(%[[FLAT]], %[[SPLITS]], %[[SPLITS]], %{{.*}}) : (!torch.vtensor<[6],f32>, !torch.list<int>, !torch.list<int>, !torch.str) -> !torch.vtensor<[6],f32>
+// TOALL:         torch.operator "torch._c10d_functional.all_reduce"(%arg2
+// TOALL:         %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[SENT]])
+// TOALL:         %[[COPIES:.*]] = torch.aten.view %[[W]], %{{.*}} -> !torch.vtensor<[3,2],f32>
+// TOALL:         %[[SUM:.*]] = torch.aten.sum.dim_IntList %[[COPIES]], %{{.*}}, %{{.*}}, %{{.*}} : !torch.vtensor<[3,2],f32>, !torch.list<int>, !torch.bool, !torch.none -> !torch.vtensor<[2],f32>
+// TOALL:         torch.aten.div.Scalar %[[SUM]]
+// TOALL-LABEL: func.func @padded
+// TOALL-NOT:     reduce_scatter
 func.func @step(%g: !torch.vtensor<[3,2],f32>, %s: !torch.vtensor<[2],f32>, %h: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>) {
   %int3 = torch.constant.int 3
   %int1 = torch.constant.int 1
@@ -68,12 +83,25 @@ func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
 // BUCKET:         torch.aten.view {{.*}} -> !torch.vtensor<[2,3],f32>
 // BUCKET:         %[[CAT:.*]] = torch.aten.cat {{.*}} -> !torch.vtensor<[2,6],f32>
 // BUCKET:         %[[FLAT:.*]] = torch.aten.reshape %[[CAT]], {{.*}} -> !torch.vtensor<[12],f32>
-// BUCKET-NEXT:    %[[RS:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%[[FLAT]], {{.*}} -> !torch.vtensor<[6],f32>
+// BUCKET:         %[[RS:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%[[FLAT]], {{.*}} -> !torch.vtensor<[6],f32>
 // BUCKET-NOT:     reduce_scatter_tensor
 // BUCKET:         torch.operator "torch._c10d_functional.all_reduce"(%arg2
 // BUCKET:         %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[RS]])
 // BUCKET:         torch.aten.slice.Tensor %[[W]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : {{.*}} -> !torch.vtensor<[3],f32>
 // BUCKET:         torch.aten.slice.Tensor %[[W]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : {{.*}} -> !torch.vtensor<[3],f32>
+// With all-to-all the whole gradient joins the bucket: one copy per rank
+// ([2, 2], expanded), all three summed by one all_to_all_single.
+// RUN: lazy-mlir-opt %s -p "zero-reduce-grads{all-to-all=true,bucket-bytes=64}" --split-input-file | filecheck %s --check-prefix=MIXED
+// MIXED-LABEL: func.func @bucketed
+// MIXED:         torch.aten.expand %{{.*}} : !torch.vtensor<[1,2],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[2,2],f32>
+// MIXED:         %[[CAT:.*]] = torch.aten.cat {{.*}} -> !torch.vtensor<[2,8],f32>
+// MIXED:         %[[FLAT:.*]] = torch.aten.reshape %[[CAT]], {{.*}} -> !torch.vtensor<[16],f32>
+// MIXED:         %[[SENT:.*]] = torch.operator "torch._c10d_functional.all_to_all_single"(%[[FLAT]]
+// MIXED:         %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[SENT]])
+// MIXED:         torch.aten.view %[[W]], %{{.*}} -> !torch.vtensor<[2,8],f32>
+// MIXED:         %[[SUM:.*]] = torch.aten.sum.dim_IntList {{.*}} -> !torch.vtensor<[8],f32>
+// MIXED-COUNT-3: torch.aten.slice.Tensor %[[SUM]]
+// MIXED-LABEL: func.func @not_bucketed
 // BUCKET-LABEL: func.func @not_bucketed
 // BUCKET-COUNT-2: reduce_scatter_tensor
 func.func @bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %k: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>) {

@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--prefetch-bytes", type=int, default=4 << 20)
     parser.add_argument("--persistence-threshold", type=int, default=40)
     parser.add_argument("--reuse-bytes", type=int, default=0)
+    parser.add_argument("--reduce-scatter", default="auto")
+    parser.add_argument("--bucket-bytes", type=int, default=4 << 20)
     parser.add_argument("--die-at-step", type=int, default=-1, help="the last rank exits at this step")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
@@ -38,7 +40,8 @@ def main() -> None:
     model, optimizer = zero.initialize(model, make_adamw(model), stage=args.stage,
                                        prefetch_bytes=args.prefetch_bytes,
                                        persistence_threshold=args.persistence_threshold,
-                                       reuse_bytes=args.reuse_bytes)
+                                       reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
+                                       bucket_bytes=args.bucket_bytes)
     rows = CONFIG.batch_size // world
     losses, memory = [], None
     lazy_mlir.metrics.reset()

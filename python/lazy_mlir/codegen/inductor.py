@@ -47,13 +47,13 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
 
 
 _COLLECTIVE_CALL = re.compile(r"^[^#\n]*torch\.ops\._c10d_functional\.(all_gather_into_tensor|reduce_scatter_tensor|"
-                              r"all_reduce)_?(?:_out)?\.default\(", re.M)
-_LETTER = {"all_gather_into_tensor": "G", "reduce_scatter_tensor": "R", "all_reduce": "A"}
+                              r"all_reduce|all_to_all_single)_?(?:_out)?\.default\(", re.M)
+_LETTER = {"all_gather_into_tensor": "G", "reduce_scatter_tensor": "R", "all_reduce": "A", "all_to_all_single": "T"}
 
 
 def collective_issue_order(python_code: str) -> str:
     """The order in which FX or generated code starts collectives: G(ather),
-    R(educe-scatter), A(ll-reduce), e.g. "GGGRRA"."""
+    R(educe-scatter), A(ll-reduce), all-to-all (T), e.g. "GGGRRA"."""
     return "".join(_LETTER[m.group(1)] for m in _COLLECTIVE_CALL.finditer(python_code))
 
 

@@ -60,7 +60,7 @@ class ZeroOptimizer:
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
                prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None,
-               bucket_bytes: int = 4 << 20):
+               bucket_bytes: int = 4 << 20, reduce_scatter: str = "auto"):
     """Shard ``model``'s parameters, gradients and ``optimizer``'s state over
     ``process_group`` (default: the world) for ZeRO ``stage`` 1, 2 or 3.
 
@@ -72,7 +72,11 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     of other parameters are used in between (the last layers, from forward
     into backward), instead of being gathered again; ``bucket_bytes``:
     gradient reductions, and gathers started at one point, are merged into
-    collectives of up to this many bytes.
+    collectives of up to this many bytes; ``reduce_scatter``: how
+    gradient shards are reduced (stages 2-3): ``"reduce_scatter_tensor"``,
+    or ``"all_to_all"`` (each rank receives every rank's copy of its shard
+    and adds them up: gloo's reduce-scatter is an all-reduce, twice the
+    bytes); ``"auto"`` picks ``all_to_all`` on gloo.
     Returns ``(model, optimizer)``: the same model, and an optimizer of
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
@@ -82,7 +86,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     if any(optimizer.state.values()):
         raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
     engine = ZeroEngine(model, stage, process_group, prefetch_bytes, persistence_threshold,
-                        prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes)
+                        prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter)
     by_param = engine.by_param
     groups = []
     for group in optimizer.param_groups:
@@ -109,7 +113,8 @@ def _use_zero_pipeline(engine: ZeroEngine) -> None:
     passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline) if not p.name.startswith("zero-")]
     at = passes.index("cse") if "cse" in passes else len(passes)
     zero = ["zero-hoist-reduces",
-            f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()},bucket-bytes={engine.bucket_bytes}}}",
+            f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()},"
+            f"all-to-all={str(engine.reduce_scatter == 'all_to_all').lower()},bucket-bytes={engine.bucket_bytes}}}",
             f"zero-insert-gather{{regather={str(engine.stage == 3).lower()},reuse-bytes={engine.reuse_bytes}}}",
             f"zero-prefetch{{budget-bytes={engine.prefetch_bytes},bucket-bytes={engine.bucket_bytes}}}"]
     engine.pipeline = ",".join(passes[:at] + zero + passes[at:])

@@ -46,9 +46,12 @@ class ManagedParam:
 
 class ZeroEngine:
     def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes,
-                 bucket_bytes):
+                 bucket_bytes, reduce_scatter="auto"):
         if stage not in (1, 2, 3):
             raise ValueError(f"lazy_mlir.zero: stage must be 1, 2 or 3, got {stage!r}")
+        if reduce_scatter not in ("auto", "all_to_all", "reduce_scatter_tensor"):
+            raise ValueError("lazy_mlir.zero: reduce_scatter must be 'auto', 'all_to_all' or "
+                             f"'reduce_scatter_tensor', got {reduce_scatter!r}")
         if not dist.is_initialized():
             raise RuntimeError("lazy_mlir.zero: call torch.distributed.init_process_group first (run under torchrun)")
         self.stage = stage
@@ -56,6 +59,11 @@ class ZeroEngine:
         self.group_name = self.group.group_name
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        # gloo runs reduce_scatter_tensor as an all-reduce (twice the bytes)
+        # plus copies; an all-to-all and a local sum move a reduce-scatter's bytes
+        if reduce_scatter == "auto":
+            reduce_scatter = "all_to_all" if dist.get_backend(self.group) == "gloo" else "reduce_scatter_tensor"
+        self.reduce_scatter = reduce_scatter
         self.prefetch_bytes = prefetch_bytes
         self.reuse_bytes = reuse_bytes
         self.bucket_bytes = bucket_bytes
