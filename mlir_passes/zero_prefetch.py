@@ -23,7 +23,10 @@ class ZeroPrefetch(Pass):
     gathers j+1..i together hold at most ``budget-bytes`` (at the function's
     start when all of them fit, at its own wait when it alone does not):
     the bytes of issued, not yet waited gathers never exceed the budget.
-    No gather moves above the op defining its shard.
+    No gather moves above the op defining its shard. A re-gather (stage 3)
+    that would be issued while an earlier gather of the same shard is still
+    read is dropped: its uses read the earlier copy, which then lives until
+    them (one copy where the schedule would hold two).
 
     Gathers that end up issued at the same point, each of at most
     ``bucket-bytes`` and of one dtype and group, become one: their shards
@@ -52,21 +55,24 @@ class ZeroPrefetch(Pass):
         if not pairs:
             return
         sizes = [nbytes(g.results[0]) for g, _ in pairs]
-        # Where each gather goes, as a position in ``ops`` (-1: the function's
-        # start; None: it stays), all planned before moving anything (an
-        # ir.Operation's hash is not stable under rewrites).
-        anchors = []
-        for i, (gather, _) in enumerate(pairs):
-            j, in_flight = i, sizes[i]
-            while j > 0 and in_flight + sizes[j - 1] <= self.budget_bytes:
-                j -= 1
-                in_flight += sizes[j]
-            if in_flight > self.budget_bytes:
-                anchors.append(None)
-                continue
-            after_wait = index[pairs[j - 1][1]] if j > 0 else -1
-            defined = _definition_point(gather)
-            anchors.append(max(after_wait, index[defined] if defined is not None else -1))
+        # positions found before any rewrite: an ir.Operation's hash is not
+        # stable under rewrites of its operands
+        definitions = [_definition_point(gather) for gather, _ in pairs]
+        starts = [index[d] if d is not None else -1 for d in definitions]
+        last_uses = [_last_use(wait_op, index) for _, wait_op in pairs]
+        while True:
+            anchors = self._anchors(pairs, sizes, starts, index)
+            reuse = _redundant_regathers(pairs, anchors, last_uses)
+            if not reuse:
+                break
+            for i, k in sorted(reuse.items(), reverse=True):  # i's data is k's, still live: use k's
+                gather, wait_op = pairs[i]
+                wait_op.results[0].replace_all_uses_with(pairs[k][1].results[0])
+                wait_op.erase()
+                gather.erase()
+                last_uses[k] = max(last_uses[k], last_uses[i])
+                for column in (pairs, sizes, starts, last_uses):
+                    del column[i]
         last_at: dict[int, object] = {}  # anchor -> gather last put there: gathers keep their waits' order
         for (gather, _), anchor in zip(pairs, anchors):
             if anchor is None:
@@ -79,6 +85,22 @@ class ZeroPrefetch(Pass):
                 gather.move_after(ops[anchor])
             last_at[anchor] = gather
         self._bucket(pairs, sizes, anchors)
+
+    def _anchors(self, pairs, sizes, starts, index) -> list:
+        """Where each gather goes, as a position in the block's original ops
+        (-1: the function's start; None: it stays)."""
+        anchors = []
+        for i in range(len(pairs)):
+            j, in_flight = i, sizes[i]
+            while j > 0 and in_flight + sizes[j - 1] <= self.budget_bytes:
+                j -= 1
+                in_flight += sizes[j]
+            if in_flight > self.budget_bytes:
+                anchors.append(None)
+                continue
+            after_wait = index[pairs[j - 1][1]] if j > 0 else -1
+            anchors.append(max(after_wait, starts[i]))
+        return anchors
 
     def _bucket(self, pairs, sizes, anchors) -> None:
         """Bucket consecutive gathers (in the order of their waits) issued at
@@ -96,6 +118,42 @@ class ZeroPrefetch(Pass):
         for bucket in consecutive_buckets(range(len(pairs)), key, sizes.__getitem__, self.bucket_bytes, joins):
             if len(bucket) > 1:
                 _merge([pairs[i] for i in bucket])
+
+
+def _redundant_regathers(pairs, anchors, last_uses) -> dict[int, int]:
+    """Re-gathers (i -> k) that the budget would issue while the earlier
+    gather k of the same shard is still in use: i then takes k's data,
+    which stays live until i's last use instead (one copy, where the
+    schedule would hold two)."""
+    reuse = {}
+    for i, (gather, _) in enumerate(pairs):
+        if anchors[i] is None:
+            continue
+        for k in range(i - 1, -1, -1):
+            if list(pairs[k][0].operands) == list(gather.operands) and k not in reuse:
+                if anchors[i] < last_uses[k]:
+                    reuse[i] = k
+                break
+    return reuse
+
+
+# ops whose result shares its operand's buffer
+_VIEWS = {"torch.aten." + name for name in ("t", "transpose.int", "permute", "view", "reshape", "_unsafe_view",
+                                            "expand", "unsqueeze", "squeeze.dim", "slice.Tensor", "select.int",
+                                            "alias", "detach")}
+
+
+def _last_use(wait_op, index) -> int:
+    """Position of the last op that reads the gathered tensor, directly or
+    through views of it (zero-insert-gather's slice and view, a ``t``)."""
+    last, values = index[wait_op], [wait_op.results[0]]
+    while values:
+        for use in values.pop().uses:
+            user = use.owner.operation
+            last = max(last, index[user])
+            if user.name in _VIEWS:
+                values.extend(user.results)
+    return last
 
 
 def _definition_point(gather):

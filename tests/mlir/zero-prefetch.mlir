@@ -1,7 +1,9 @@
-// RUN: lazy-mlir-opt %s -p "zero-prefetch{budget-bytes=0}" | filecheck %s --check-prefix=NONE
-// RUN: lazy-mlir-opt %s -p "zero-prefetch{budget-bytes=64,bucket-bytes=0}" | filecheck %s --check-prefix=AHEAD
-// RUN: lazy-mlir-opt %s -p "zero-prefetch{budget-bytes=1000,bucket-bytes=0}" | filecheck %s --check-prefix=ALL
-// RUN: lazy-mlir-opt %s -p "zero-prefetch{budget-bytes=1000,bucket-bytes=64}" | filecheck %s --check-prefix=BUCKET
+// RUN: lazy-mlir-opt %s --split-input-file -p "zero-prefetch{budget-bytes=0}" | filecheck %s --check-prefix=NONE
+// RUN: lazy-mlir-opt %s --split-input-file -p "zero-prefetch{budget-bytes=64,bucket-bytes=0}" | filecheck %s --check-prefix=AHEAD
+// RUN: lazy-mlir-opt %s --split-input-file -p "zero-prefetch{budget-bytes=1000,bucket-bytes=0}" | filecheck %s --check-prefix=ALL
+// RUN: lazy-mlir-opt %s --split-input-file -p "zero-prefetch{budget-bytes=1000,bucket-bytes=64}" | filecheck %s --check-prefix=BUCKET
+// RUN: lazy-mlir-opt %s --split-input-file -p "zero-prefetch{budget-bytes=1000,bucket-bytes=0}" | filecheck %s --check-prefix=REUSE
+// RUN: lazy-mlir-opt %s --split-input-file -p "zero-prefetch{budget-bytes=32,bucket-bytes=0}" | filecheck %s --check-prefix=REGATHER
 
 // Three gathers of 32 bytes each (8 f32), as zero-insert-gather leaves
 // them: each just before its wait, each wait just before its use.
@@ -54,5 +56,39 @@ func.func @three_layers(%a: !torch.vtensor<[4],f32>, %b: !torch.vtensor<[4],f32>
   %gc = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%c, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.int, !torch.str) -> !torch.vtensor<[8],f32>
   %wc = torch.operator "torch._c10d_functional.wait_tensor"(%gc) : (!torch.vtensor<[8],f32>) -> !torch.vtensor<[8],f32>
   %z = torch.aten.mul.Tensor %y, %wc : !torch.vtensor<[8],f32>, !torch.vtensor<[8],f32> -> !torch.vtensor<[8],f32>
+  return %z : !torch.vtensor<[8],f32>
+}
+
+// -----
+
+// %arg0 is gathered for its first use and again (a stage-3 re-gather) for
+// the last. With room for all three in flight, the re-gather would start at
+// the top, while the first copy is still in use: it takes that copy instead.
+// REUSE-LABEL: func.func @regather
+// REUSE:         %[[A:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg0
+// REUSE-NEXT:    %[[B:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg1
+// REUSE-NEXT:    %[[WA:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[A]])
+// REUSE-NEXT:    %[[X:.*]] = torch.aten.mul.Tensor %[[WA]], %[[WA]]
+// REUSE:         %[[WB:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[B]])
+// REUSE:         torch.aten.mul.Tensor %{{.*}}, %[[WA]]
+// REUSE-NOT:     all_gather_into_tensor
+// With one gather in flight, the re-gather starts after %arg1's wait, when
+// the first copy is dead: it stays.
+// REGATHER-LABEL: func.func @regather
+// REGATHER:         torch.operator "torch._c10d_functional.wait_tensor"
+// REGATHER:         torch.operator "torch._c10d_functional.wait_tensor"
+// REGATHER-NEXT:    torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg0
+func.func @regather(%a: !torch.vtensor<[4],f32>, %b: !torch.vtensor<[4],f32>) -> !torch.vtensor<[8],f32> {
+  %int2 = torch.constant.int 2
+  %str = torch.constant.str "0"
+  %ga = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%a, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.int, !torch.str) -> !torch.vtensor<[8],f32>
+  %wa = torch.operator "torch._c10d_functional.wait_tensor"(%ga) : (!torch.vtensor<[8],f32>) -> !torch.vtensor<[8],f32>
+  %x = torch.aten.mul.Tensor %wa, %wa : !torch.vtensor<[8],f32>, !torch.vtensor<[8],f32> -> !torch.vtensor<[8],f32>
+  %gb = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%b, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.int, !torch.str) -> !torch.vtensor<[8],f32>
+  %wb = torch.operator "torch._c10d_functional.wait_tensor"(%gb) : (!torch.vtensor<[8],f32>) -> !torch.vtensor<[8],f32>
+  %y = torch.aten.mul.Tensor %x, %wb : !torch.vtensor<[8],f32>, !torch.vtensor<[8],f32> -> !torch.vtensor<[8],f32>
+  %ga2 = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%a, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.int, !torch.str) -> !torch.vtensor<[8],f32>
+  %wa2 = torch.operator "torch._c10d_functional.wait_tensor"(%ga2) : (!torch.vtensor<[8],f32>) -> !torch.vtensor<[8],f32>
+  %z = torch.aten.mul.Tensor %y, %wa2 : !torch.vtensor<[8],f32>, !torch.vtensor<[8],f32> -> !torch.vtensor<[8],f32>
   return %z : !torch.vtensor<[8],f32>
 }

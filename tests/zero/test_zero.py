@@ -80,12 +80,14 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
         assert set(moved) == {"all_gather", kind, "all_reduce"} - ({"all_reduce"} if stage == 3 else set()), moved
 
 
-def test_stage3_reuse_keeps_gathered_parameters(tmp_path, reference):
-    """With a reuse budget larger than the model, forward's gathers serve
-    backward too: the same numbers, about half of stage 3's gather bytes,
-    and still a sharded state between steps."""
+@pytest.mark.parametrize("budget", ["--reuse-bytes", "--prefetch-bytes"])
+def test_stage3_reuse_keeps_gathered_parameters(budget, tmp_path, reference):
+    """With a reuse budget larger than the model (or a prefetch budget: a
+    re-gather prefetched while the first copy is live takes that copy),
+    forward's gathers serve backward too: the same numbers, about half of
+    stage 3's gather bytes, and still a sharded state between steps."""
     ref_losses, ref_state, param_bytes = reference
-    results = _train(3, tmp_path, extra=["--reuse-bytes", str(1 << 30)])
+    results = _train(3, tmp_path, extra=[budget, str(1 << 30)])
     for result in results:
         torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=0)
         for name, value in ref_state.items():
