@@ -114,7 +114,8 @@ def _use_zero_pipeline(engine: ZeroEngine) -> None:
     at = passes.index("cse") if "cse" in passes else len(passes)
     zero = ["zero-hoist-reduces",
             f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()},"
-            f"all-to-all={str(engine.reduce_scatter == 'all_to_all').lower()},bucket-bytes={engine.bucket_bytes}}}",
+            f"all-to-all={str(engine.stage > 1 and engine.reduce_scatter == 'all_to_all').lower()},"
+            f"bucket-bytes={engine.bucket_bytes}}}",
             f"zero-insert-gather{{regather={str(engine.stage == 3).lower()},reuse-bytes={engine.reuse_bytes}}}",
             f"zero-prefetch{{budget-bytes={engine.prefetch_bytes},bucket-bytes={engine.bucket_bytes}}}"]
     engine.pipeline = ",".join(passes[:at] + zero + passes[at:])
