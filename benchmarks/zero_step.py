@@ -245,7 +245,8 @@ def main():
         return
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
            os.path.abspath(__file__), "--worker", *sys.argv[1:]]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     sys.exit(subprocess.run(cmd, env=env).returncode)
 
 
