@@ -15,6 +15,9 @@ from torch_mlir.dialects import torch as torch_d
 from .base import PassError
 
 ATEN = "torch.aten."
+# ops whose result shares its tensor operand's buffer
+VIEW_OPS = {ATEN + name for name in ("t", "transpose.int", "permute", "view", "reshape", "_unsafe_view", "expand",
+                                     "unsqueeze", "squeeze.dim", "slice.Tensor", "select.int", "alias", "detach")}
 _TENSOR_TYPE = re.compile(r"!torch\.(v?tensor)(?:<(\*|\[[^\]]*\]),(.+)>)?")
 
 
@@ -162,6 +165,18 @@ def int_list(values, before) -> ir.Value:
     items = [constant_int(v, before) for v in values]
     list_type = ir.Type.parse("!torch.list<int>", before.location.context)
     return torch_d.PrimListConstructOp(list_type, items, loc=before.location, ip=ir.InsertionPoint(before)).result
+
+
+def slice_tensor(value: ir.Value, dim: int, start: int, end: int, result_type, before) -> ir.Value:
+    """``value[start:end]`` along ``dim`` (step 1)."""
+    args = [value] + [constant_int(v, before) for v in (dim, start, end, 1)]
+    return create_aten("slice.Tensor", args, [result_type], before).results[0]
+
+
+def cat(values, dim: int, result_type, before) -> ir.Value:
+    with ir.InsertionPoint(before), before.location:
+        tensors = torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<vtensor>", before.context), values).result
+    return create_aten("cat", [tensors, constant_int(dim, before)], [result_type], before).results[0]
 
 
 def constant_value(value: ir.Value):

@@ -3,24 +3,28 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 
 from torch_mlir import ir
 
 from .base import Pass
 from .collectives import UNSHARD, all_gather, nbytes, wait
 from .registry import register
-from .torch_ir import constant_int, constant_value, create_aten, functions, int_list_value, op_error, op_name, \
-    tensor_info, vtensor_type
+from .torch_ir import ATEN, VIEW_OPS, constant_value, create_aten, functions, int_list_value, op_error, op_name, \
+    slice_tensor, tensor_info, vtensor_type
+
+
+def _copy_variant(name: str) -> str:
+    """``torch.aten.view`` -> ``torch.aten.view_copy``, ``slice.Tensor`` -> ``slice_copy.Tensor``."""
+    op, dot, overload = name[len(ATEN):].partition(".")
+    return ATEN + op + "_copy" + dot + overload
+
 
 # Cheap ops a gathered parameter goes through before its real use (a linear
 # layer's weight.t()): they are recomputed after each re-gather, so no value
 # derived from the gathered tensor outlives its phase either.
-DERIVING_OPS = {
-    "torch.aten." + name for base in ("t", "transpose.int", "permute", "view", "reshape", "_unsafe_view",
-                                      "expand", "unsqueeze", "squeeze.dim", "slice.Tensor", "select.int",
-                                      "alias", "detach", "_to_copy", "clone", "contiguous")
-    for name in (base, base.replace(".", "_copy.", 1) if "." in base else base + "_copy")
-}
+DERIVING_OPS = {name for base in VIEW_OPS | {ATEN + "_to_copy", ATEN + "clone", ATEN + "contiguous"}
+                for name in (base, _copy_variant(base))}
 
 
 @register
@@ -78,11 +82,11 @@ class ZeroInsertGather(Pass):
         phases: list[list] = []
         previous = None
         for use in external:
-            if previous is not None and not (self.regather and
-                                             _others_between(timeline, sizes, k, previous, index[use], self.reuse_bytes)):
-                phases[-1].append(use)
-            else:
+            if previous is None or (self.regather and
+                                    _others_between(timeline, sizes, k, previous, index[use], self.reuse_bytes)):
                 phases.append([use])
+            else:
+                phases[-1].append(use)
             previous = index[use]
         return phases
 
@@ -138,13 +142,9 @@ def _gather_for(marker, derived: list, phase: list) -> None:
     first = phase[0]
     gathered = all_gather(shard, group_size, group_name, world, first).results[0]
     value = wait(gathered, first).results[0]
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     if tensor_info(value).shape[0] != numel:  # drop the padding
-        args = [value, constant_int(0, first), constant_int(0, first), constant_int(numel, first),
-                constant_int(1, first)]
-        value = create_aten("slice.Tensor", args, [_with_shape(value, (numel,))], first).results[0]
+        value = slice_tensor(value, 0, 0, numel, _with_shape(value, (numel,)), first)
     if list(tensor_info(marker.results[0]).shape) != [numel]:
         value = create_aten("view", [value, shape_list], [marker.results[0].type], first).results[0]
     mapping = {marker.results[0]: value}

@@ -4,13 +4,12 @@ from __future__ import annotations
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import torch as torch_d
 
 from .base import Pass
 from .collectives import ALL_GATHER, WAIT, all_gather, consecutive_buckets, flat_type, nbytes, wait
 from .registry import register
-from .torch_ir import constant_int, constant_value, create_aten, functions, hoist_constants, int_list, op_name, \
-    tensor_info, vtensor_type
+from .torch_ir import VIEW_OPS, cat, constant_value, create_aten, functions, hoist_constants, int_list, op_name, \
+    slice_tensor, tensor_info, vtensor_type
 
 
 @register
@@ -137,12 +136,6 @@ def _redundant_regathers(pairs, anchors, last_uses) -> dict[int, int]:
     return reuse
 
 
-# ops whose result shares its operand's buffer
-_VIEWS = {"torch.aten." + name for name in ("t", "transpose.int", "permute", "view", "reshape", "_unsafe_view",
-                                            "expand", "unsqueeze", "squeeze.dim", "slice.Tensor", "select.int",
-                                            "alias", "detach")}
-
-
 def _last_use(wait_op, index) -> int:
     """Position of the last op that reads the gathered tensor, directly or
     through views of it (zero-insert-gather's slice and view, a ``t``)."""
@@ -151,7 +144,7 @@ def _last_use(wait_op, index) -> int:
         for use in values.pop().uses:
             user = use.owner.operation
             last = max(last, index[user])
-            if user.name in _VIEWS:
+            if user.name in VIEW_OPS:
                 values.extend(user.results)
     return last
 
@@ -177,10 +170,8 @@ def _merge(members) -> None:
     shards = [gather.operands[0] for gather, _ in members]
     widths = [tensor_info(s).shape[0] for s in shards]
     total = sum(widths)
-    with ir.InsertionPoint(first_gather), first_gather.location:
-        tensors = torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<vtensor>", context), shards).result
-    cat = create_aten("cat", [tensors, constant_int(0, first_gather)], [flat_type(shard0, total)], first_gather)
-    merged = all_gather(cat.results[0], group_size, group_name, world, first_gather)
+    side_by_side = cat(shards, 0, flat_type(shard0, total), first_gather)
+    merged = all_gather(side_by_side, group_size, group_name, world, first_gather)
     first_wait = members[0][1]
     for _, old_wait in members[1:]:
         if old_wait.is_before_in_block(first_wait):
@@ -190,11 +181,8 @@ def _merge(members) -> None:
                        [vtensor_type((world, total), dtype, context)], first_wait).results[0]
     offset = 0
     for (gather, old_wait), width in zip(members, widths):
-        args = [rows, constant_int(1, first_wait), constant_int(offset, first_wait),
-                constant_int(offset + width, first_wait), constant_int(1, first_wait)]
-        part = create_aten("slice.Tensor", args, [vtensor_type((world, width), dtype, context)], first_wait)
-        flat = create_aten("reshape", [part.results[0], int_list([-1], first_wait)], [old_wait.results[0].type],
-                           first_wait)
+        part = slice_tensor(rows, 1, offset, offset + width, vtensor_type((world, width), dtype, context), first_wait)
+        flat = create_aten("reshape", [part, int_list([-1], first_wait)], [old_wait.results[0].type], first_wait)
         old_wait.results[0].replace_all_uses_with(flat.results[0])
         offset += width
     for gather, old_wait in members:

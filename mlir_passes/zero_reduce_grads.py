@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
-
-from torch_mlir import ir
-from torch_mlir.dialects import torch as torch_d
+import math
 
 from .base import Pass
 from .collectives import ALL_REDUCE, ALL_TO_ALL, REDUCE_GRAD, REDUCE_SCATTER, consecutive_buckets, flat_type, \
     nbytes, shard_size, wait
 from .registry import register
-from .torch_ir import constant_bool, constant_float, constant_int, constant_none, constant_str, constant_value, \
-    create_aten, create_op, functions, int_list, op_error, op_name, ops_of, tensor_info, vtensor_type
+from .torch_ir import cat, constant_bool, constant_float, constant_int, constant_none, constant_str, \
+    constant_value, create_aten, create_op, functions, int_list, op_error, op_name, ops_of, slice_tensor, \
+    tensor_info, vtensor_type
 
 
 @register
@@ -103,7 +102,8 @@ class ZeroReduceGrads(Pass):
         if self.all_reduce:
             started = create_op(ALL_REDUCE, [flat, constant_str("sum", start), group_name], [flat.type],
                                 start).results[0]
-            return _slice(wait(started, first_use).results[0], 0, rank * width, width, mine, first_use)
+            return slice_tensor(wait(started, first_use).results[0], 0, rank * width, (rank + 1) * width, mine,
+                                first_use)
         if self.all_to_all:  # receive every rank's copy of my slice, then add them up here
             splits = int_list([width] * world, start)
             started = create_op(ALL_TO_ALL, [flat, splits, splits, group_name], [flat.type], start).results[0]
@@ -132,8 +132,9 @@ class ZeroReduceGrads(Pass):
             pieces = [create_aten("reshape", [m.operands[0], int_list([-1], last)],
                                   [flat_type(m.operands[0], _numel(m.operands[0]))], last).results[0] for m in markers]
             widths = [tensor_info(p).shape[0] for p in pieces]
-            cat = _cat(pieces, 0, vtensor_type((sum(widths),), dtype, context), last)
-            started = create_op(ALL_REDUCE, [cat, constant_str("sum", last), group_name], [cat.type], last).results[0]
+            whole = cat(pieces, 0, vtensor_type((sum(widths),), dtype, context), last)
+            started = create_op(ALL_REDUCE, [whole, constant_str("sum", last), group_name], [whole.type],
+                                last).results[0]
             reduced = wait(started, first_use).results[0]
         else:
             rows = []
@@ -152,13 +153,13 @@ class ZeroReduceGrads(Pass):
                                         [vtensor_type((world, width), dtype, context)], last).results[0])
             widths = [tensor_info(r).shape[1] for r in rows]
             total = sum(widths)
-            side_by_side = _cat(rows, 1, vtensor_type((world, total), dtype, context), last)
+            side_by_side = cat(rows, 1, vtensor_type((world, total), dtype, context), last)
             flat = create_aten("reshape", [side_by_side, int_list([-1], last)],
                                [vtensor_type((world * total,), dtype, context)], last).results[0]
             reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, last, first_use)
         offset = 0
         for m, width in zip(markers, widths):
-            part = _slice(reduced, 0, offset, width, vtensor_type((width,), dtype, context), first_use)
+            part = slice_tensor(reduced, 0, offset, offset + width, vtensor_type((width,), dtype, context), first_use)
             shaped = create_aten("view", [part, int_list(tensor_info(m.results[0]).shape, first_use)],
                                  [m.results[0].type], first_use).results[0]
             _replace_by_mean(m, shaped, world, first_use)
@@ -174,10 +175,7 @@ def _constants(pass_name, marker) -> tuple[int, int]:
 
 
 def _numel(value) -> int:
-    numel = 1
-    for d in tensor_info(value).shape:
-        numel *= d
-    return numel
+    return math.prod(tensor_info(value).shape)
 
 
 def _flat_padded(grad, world: int, before):
@@ -189,18 +187,6 @@ def _flat_padded(grad, world: int, before):
         pad = [flat, int_list([0, size * world - numel], before), constant_float(0.0, before)]
         flat = create_aten("constant_pad_nd", pad, [flat_type(grad, size * world)], before).results[0]
     return flat
-
-
-def _slice(value, dim: int, start: int, length: int, result_type, before):
-    args = [value, constant_int(dim, before), constant_int(start, before), constant_int(start + length, before),
-            constant_int(1, before)]
-    return create_aten("slice.Tensor", args, [result_type], before).results[0]
-
-
-def _cat(values, dim: int, result_type, before):
-    with ir.InsertionPoint(before), before.location:
-        tensors = torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<vtensor>", before.context), values).result
-    return create_aten("cat", [tensors, constant_int(dim, before)], [result_type], before).results[0]
 
 
 def _replace_by_mean(marker, reduced, world: int, before) -> None:
