@@ -21,7 +21,7 @@ WAIT = C10D + "wait_tensor"       # (async result) -> its value
 
 
 def shard_size(numel: int, group_size: int) -> int:
-    """Elements per rank of a flat tensor split over ``group_size`` (lazy_mlir.zero.ops)."""
+    """Elements per rank of a flat tensor split over ``group_size`` (also lazy_mlir.zero's)."""
     return max(1, math.ceil(numel / group_size))
 
 

@@ -18,13 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
+from mlir_passes.collectives import shard_size  # one padding rule for traced steps and passes
 
 _c10d = torch.ops._c10d_functional
-
-
-def shard_size(numel: int, group_size: int) -> int:
-    """Elements per rank of a flat tensor of ``numel`` split over ``group_size``."""
-    return max(1, math.ceil(numel / group_size))
 
 
 def flat_padded(tensor: torch.Tensor, group_size: int) -> torch.Tensor:
