@@ -20,6 +20,16 @@ NodeClass classifyInPython(torch::jit::Node* node) {
   return static_cast<NodeClass>(result.cast<int>());
 }
 
+// Python tells mark_step's executions from syncs mid-step (a value read, an
+// eager fallback) and records where they came from. LTC's own in_mark_step
+// flag cannot: torch 2.13 sets it on value reads too.
+void reportExecution() {
+  const auto& hook = PythonHooks::get().on_execute;
+  if (!hook.defined()) return;
+  pybind11::gil_scoped_acquire gil;
+  hook.get()();
+}
+
 }  // namespace
 
 LazyMlirBackend::LazyMlirBackend(const torch::lazy::BackendImplInterface* ts) : ts_(ts) {}
@@ -100,6 +110,7 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
 std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {
+  reportExecution();
   const int64_t start = nowNs();
   if (auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation)) {
     const std::string key = config().second;

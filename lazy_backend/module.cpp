@@ -43,9 +43,10 @@ PYBIND11_MODULE(_C, m) {
   }, "Install the lazy_mlir LTC backend (after the TorchScript backend) and configure it.",
      py::arg("level"), py::arg("config_key"));
   m.def("is_active", [] { return g_backend != nullptr && torch::lazy::getBackend() == g_backend; });
-  m.def("set_hooks", [](py::object classify, py::object compile_group) {
+  m.def("set_hooks", [](py::object classify, py::object compile_group, py::object on_execute) {
     lazy_mlir::PythonHooks::get().classify.reset(std::move(classify));
     lazy_mlir::PythonHooks::get().compile_group.reset(std::move(compile_group));
+    lazy_mlir::PythonHooks::get().on_execute.reset(std::move(on_execute));
   });
   m.def("cluster", [](std::shared_ptr<torch::jit::Graph> graph, bool whole_graph) {
     // Clusters `graph` in place with the registered classifier (for tests and

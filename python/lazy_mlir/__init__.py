@@ -10,19 +10,15 @@
 """
 from __future__ import annotations
 
-import os
-
 import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties
+from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties, syncs
 from . import _C
+from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
-# Traced ops record the innermost frame outside these (for errors and warnings).
-_INTERNAL_DIRS = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
-
-__all__ = ["init", "metrics", "config"]
+__all__ = ["init", "metrics", "config", "zero"]
 
 _ts_initialized = False
 
@@ -39,11 +35,11 @@ def init(level: str = "O1", **options) -> config.Config:
     if not _ts_initialized:
         torch._lazy.ts_backend.init()  # the TS backend must exist before we wrap it
         _ts_initialized = True
-    _C.install_source_locations(_INTERNAL_DIRS)
+    _C.install_source_locations(list(syncs.INTERNAL_DIRS))  # traced ops record the user's frame
     _C.set_ltc_ir_debug(cfg.source_lines)  # LTC records frames per traced op only in IR-debug mode
     lazy_kernels.install()
     module_ties.install()
-    _C.set_hooks(compilable.classify, group_compiler.compile_group)
+    _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg

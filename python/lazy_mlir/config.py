@@ -27,9 +27,12 @@ class Config:
     progress: bool = True
     # Run LTC's graph executions on its IO thread pool (FLAGS_torch_lazy_use_thread_pool).
     ltc_thread_pool: bool = False
+    # At O2, an op that would run eagerly is an "error" naming the op and the
+    # source line, or only a "warn"ing (the op then runs on the CPU).
+    o2_fallback: str = "error"
 
     # Fields that do not change compiled code (so not part of key()).
-    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress")
+    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
@@ -48,6 +51,8 @@ class Config:
     def validate(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"lazy_mlir: level must be one of {sorted(LEVELS)}, got {self.level!r}")
+        if self.o2_fallback not in ("error", "warn"):
+            raise ValueError(f"lazy_mlir: o2_fallback must be 'error' or 'warn', got {self.o2_fallback!r}")
         if self.codegen not in CODEGENS:
             raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
         import mlir_passes

@@ -14,7 +14,17 @@ this order for every functional op whose Lazy entry is the eager fallback:
 3. the op itself as a TorchScript builtin node in the traced graph
    (``_C.trace_builtin``, output shapes from the op's meta kernel): aten's
    own kernel then runs inside the graph;
-4. the eager path, counted in ``lazy_mlir.metrics`` under the op's name.
+4. the eager path, counted in ``lazy_mlir.metrics`` under the op's name and
+   the user's source line (an error at O2, see ``syncs``).
+
+Mutable variants (``where.self_out``, ``sin_``...) never reach the Lazy key
+from user code: functionalization rewrites them. But composite kernels run
+below functionalization, and some call them (``_safe_softmax``, reached by
+every masked or causal ``scaled_dot_product_attention``, ends in
+``where.self_out``): each such call was an eager fallback, a graph execution
+of its own. Every mutable variant that LTC lacks and that has a functional
+sibling (same name, same non-out arguments) therefore gets a kernel that
+traces the sibling and copies the result into the mutated arguments.
 
 A decomposition that raises or returns non-lazy tensors is not trusted again
 and the op moves on to 3. Kernels sit below autograd: derivatives stay aten's.
@@ -27,7 +37,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _C, metrics
+from . import _C, syncs
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
@@ -35,6 +45,7 @@ _reentry = threading.local()
 _untrusted: set[str] = set()  # ops whose decomposition failed on lazy tensors
 _DECOMPOSED: set[str] = set()
 _BUILTIN: set[str] = set()
+_MUTABLE: set[str] = set()
 
 
 # --------------------------------------------------------------- hand-written
@@ -89,6 +100,14 @@ def _falls_back_on_lazy(qualified: str) -> bool:
     return not any(has(qualified, key) for key in ("Lazy", "CompositeImplicitAutograd", "CompositeExplicitAutograd"))
 
 
+def _resolve(qualified: str) -> torch._ops.OpOverload | None:
+    """'aten::add.Tensor' -> torch.ops.aten.add.Tensor (None if Python cannot reach it)."""
+    name, _, overload = qualified[len("aten::"):].partition(".")
+    packet = getattr(aten, name, None)
+    op = getattr(packet, overload or "default", None) if packet is not None else None
+    return op if isinstance(op, torch._ops.OpOverload) else None
+
+
 def _is_functional_tensor_op(op: torch._ops.OpOverload) -> bool:
     schema = op._schema
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
@@ -103,15 +122,71 @@ def _aten_written(decomposition) -> bool:
     return not module.startswith(("torch._refs", "torch._prims"))
 
 
-def _ops_falling_back():
+def _aten_ops_falling_back():
     for qualified in torch._C._dispatch_get_all_op_names():
-        if not qualified.startswith("aten::") or not _falls_back_on_lazy(qualified):
-            continue
-        name, _, overload = qualified[len("aten::"):].partition(".")
+        if qualified.startswith("aten::") and _falls_back_on_lazy(qualified):
+            op = _resolve(qualified)
+            if op is not None:
+                yield op
+
+
+# ------------------------------------------------------- mutable variants
+def _argument_key(argument) -> tuple:
+    return argument.name, str(argument.type)
+
+
+def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The overload that computes what mutable ``op`` writes: ``where.self``
+    for ``where.self_out``, ``sin`` for ``sin_``. Same non-out arguments,
+    one tensor result per mutated argument, no mutation of its own."""
+    schema = op._schema
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    inputs = [_argument_key(a) for a in schema.arguments if not a.is_out]
+    base = schema.name[len("aten::"):]
+    names = [base[:-1]] if base.endswith("_") and not base.endswith("__") else [base]
+    for name in names:
         packet = getattr(aten, name, None)
-        op = getattr(packet, overload or "default", None) if packet is not None else None
-        if isinstance(op, torch._ops.OpOverload) and _is_functional_tensor_op(op):
-            yield op
+        for overload in (packet.overloads() if packet is not None else ()):
+            candidate = getattr(packet, overload)
+            cs = candidate._schema
+            if (not cs.is_mutable and [_argument_key(a) for a in cs.arguments] == inputs
+                    and len(cs.returns) == len(written)
+                    and all(isinstance(r.type, torch.TensorType) for r in cs.returns)):
+                return candidate
+    return None
+
+
+def _mutable_kernel(op, functional):
+    schema = op._schema
+    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    inputs = [i for i, a in enumerate(schema.arguments) if not a.is_out]
+
+    def kernel(*args, **kwargs):
+        full = _schema_arguments(op, args, kwargs)
+        results = functional(*[full[i] for i in inputs])
+        results = [results] if isinstance(results, torch.Tensor) else list(results)
+        targets = [full[i] for i in written]
+        if any(t.shape != r.shape for t, r in zip(targets, results)):
+            # LTC's resize_ lowers to a malformed aten::resize
+            raise NotImplementedError(f"lazy_mlir: {_qualified(op)} with an out= tensor of another size: "
+                                      "the lazy device cannot resize it")
+        for target, result in zip(targets, results):
+            target.copy_(result)
+        return targets[0] if len(targets) == 1 else tuple(targets)
+
+    return kernel
+
+
+def mutable_ops() -> list[str]:
+    """Mutable variants traced through their functional sibling."""
+    return sorted(_MUTABLE)
+
+
+def uncovered_ops() -> list[str]:
+    """aten ops that still take the eager path on the lazy device (random ops,
+    ops with no functional sibling, ops Python cannot name)."""
+    return sorted(q for q in torch._C._dispatch_get_all_op_names()
+                  if q.startswith("aten::") and _falls_back_on_lazy(q))
 
 
 # ---------------------------------------------------------- builtin tracing
@@ -162,8 +237,9 @@ def _is_lazy(x) -> bool:
 
 def eager_fallback(op, args, kwargs):
     """Run ``op`` on the CPU and move its results back: what LTC's own fallback
-    does (it executes the pending graph), but counted under the op's name."""
-    metrics.count_fallback(str(op))
+    does (it executes the pending graph), but counted under the op's name and
+    the user's source line; at O2 an error (see ``syncs.eager_fallback``)."""
+    syncs.eager_fallback(_qualified(op))
     devices = [t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.device.type == "lazy"]
     device = devices[0] if devices else torch.device("lazy")
     to_cpu = lambda x: x.cpu() if isinstance(x, torch.Tensor) else x  # noqa: E731
@@ -246,7 +322,13 @@ def install() -> None:
         _LIB.impl(name, fn, "Lazy")
     from torch._decomp import decomposition_table
 
-    for op in _ops_falling_back():
+    functional, mutable = [], []
+    for op in _aten_ops_falling_back():
+        if _is_functional_tensor_op(op):
+            functional.append(op)
+        elif op._schema.is_mutable and torch.Tag.nondeterministic_seeded not in op.tags:
+            mutable.append(op)
+    for op in functional:
         qualified = _qualified(op)
         overload = qualified[len("aten::"):]
         if overload in HAND_WRITTEN:
@@ -258,3 +340,8 @@ def install() -> None:
         else:
             _LIB.impl(overload, _builtin_kernel(op), "Lazy")
             _BUILTIN.add(qualified)
+    for op in mutable:  # after the functional kernels: the siblings they call
+        sibling = _functional_sibling(op)
+        if sibling is not None:
+            _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
+            _MUTABLE.add(_qualified(op))

@@ -15,8 +15,12 @@ import torch._lazy.metrics as ltc_metrics
 
 _lock = threading.Lock()
 _fallbacks: collections.Counter = collections.Counter()
+_fallback_sources: collections.Counter = collections.Counter()  # "op at file:line (fn)" -> count
+_syncs: collections.Counter = collections.Counter()  # user source line -> graph executions outside mark_step
 _groups: dict[str, int] = {}          # group name -> op count
-_group_failures: dict[str, str] = {}  # group name -> reason
+_failure_reasons: dict[str, str] = {}  # group name -> why it runs in TorchScript (kept across reset)
+_fallen_back: dict[str, str] = {}      # groups that failed or ran in TorchScript since reset -> why
+_fallback_group_calls = 0              # runs of such groups since reset
 _stage_seconds: collections.Counter = collections.Counter()
 _group_cache: collections.Counter = collections.Counter()  # "hit" / "miss"
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
@@ -25,9 +29,23 @@ _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" .
 _USER_SYNCS = {"aten::_local_scalar_dense"}
 
 
-def count_fallback(op_name: str) -> None:
+def count_fallback(op_name: str, source: str) -> None:
     with _lock:
         _fallbacks[op_name] += 1
+        _fallback_sources[f"{op_name} at {source}"] += 1
+
+
+def count_sync(source: str) -> None:
+    with _lock:
+        _syncs[source] += 1
+
+
+def count_fallback_group_call(name: str) -> None:
+    """A group that failed to compile ran its TorchScript subgraph."""
+    global _fallback_group_calls
+    with _lock:
+        _fallback_group_calls += 1
+        _fallen_back[name] = _failure_reasons.get(name, "failed to compile")
 
 
 def record_group(name: str, num_ops: int) -> None:
@@ -64,7 +82,7 @@ def reset_collective_bytes() -> None:
 
 def record_group_failure(name: str, ops: str, reason: str) -> None:
     with _lock:
-        _group_failures[name] = f"[{ops}] {reason}"
+        _failure_reasons[name] = _fallen_back[name] = f"[{ops}] {reason}"
 
 
 def _backend_stats() -> dict:
@@ -76,16 +94,22 @@ def _ltc_counter(name: str) -> int:
     return int(ltc_metrics.counter_value(name) or 0)
 
 
+def ltc_fallback_counts() -> dict[str, int]:
+    """LTC's eager-fallback counters (op name -> calls) since reset()."""
+    return {name: _ltc_counter(name) for name in ltc_metrics.counter_names()
+            if name.startswith("aten::") and name not in _USER_SYNCS}
+
+
 def snapshot() -> dict:
     stats = _backend_stats()
-    fallbacks = collections.Counter()
-    for name in ltc_metrics.counter_names():
-        if name.startswith("aten::") and name not in _USER_SYNCS:
-            fallbacks[name] += _ltc_counter(name)
+    fallbacks = collections.Counter(ltc_fallback_counts())
     with _lock:
         fallbacks.update(_fallbacks)
         groups_per_graph = collections.Counter(g.split(".")[0] for g in _groups)
-        failures = dict(_group_failures)
+        fallen_back = dict(_fallen_back)
+        fallback_group_calls = _fallback_group_calls
+        fallback_sources = dict(_fallback_sources)
+        syncs = dict(_syncs)
         stages = dict(_stage_seconds)
         group_cache = dict(_group_cache)
     mark_steps = _ltc_counter("MarkStep")
@@ -100,12 +124,18 @@ def snapshot() -> dict:
         "executions_per_mark_step": stats["executions"] / mark_steps if mark_steps else 0.0,
         "fallbacks": dict(fallbacks),
         "fallback_count": sum(fallbacks.values()),
+        "fallback_sources": fallback_sources,
+        # graph executions outside mark_step (value reads, fallbacks), by user source line
+        "syncs": syncs,
         "user_syncs": sum(_ltc_counter(n) for n in _USER_SYNCS),
         "groups_built": stats["groups_built"],
         "groups_rejected": stats["groups_rejected"],
         "groups_per_graph": dict(groups_per_graph),
-        "group_failures": failures,
         "group_calls": stats["group_calls"],
+        # The two that say whether compilation happened: runs of generated
+        # code, and the groups that failed or ran in TorchScript (with why).
+        "compiled_group_calls": stats["group_calls"] - fallback_group_calls,
+        "groups_fallen_back": fallen_back,
         "collective_bytes": collective_bytes(),
         "group_cache_hits": group_cache.get("hit", 0),
         "group_cache_misses": group_cache.get("miss", 0),
@@ -120,13 +150,17 @@ def snapshot() -> dict:
 
 
 def reset() -> None:
+    global _fallback_group_calls
     from . import _C
     ltc_metrics.reset()
     _C.reset_stats()
     with _lock:
         _fallbacks.clear()
+        _fallback_sources.clear()
+        _syncs.clear()
         _groups.clear()
-        _group_failures.clear()
+        _fallen_back.clear()
+        _fallback_group_calls = 0
         _stage_seconds.clear()
         _group_cache.clear()
         _collective_bytes.clear()
@@ -141,7 +175,8 @@ def report() -> str:
         f"  compiles             {s['compiles']}",
         f"  graph executions     {s['graph_executions']}  ({s['executions_per_mark_step']:.2f} per mark_step)",
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
-        f"  group calls          {s['group_calls']}",
+        f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code)",
+        f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
         f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_misses']} misses",
     ]
     if s["groups_per_graph"]:
@@ -150,7 +185,13 @@ def report() -> str:
     lines.append(f"  fallbacks            {s['fallback_count']}")
     for op, n in sorted(s["fallbacks"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {op:<30} {n}")
-    for name, why in s["group_failures"].items():
-        lines.append(f"  failed group {name}: {why}")
+    for where, n in sorted(s["fallback_sources"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {n} x {where}")
+    if s["syncs"]:
+        lines.append(f"  syncs                {sum(s['syncs'].values())} graph executions outside mark_step")
+        for where, n in sorted(s["syncs"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"    {n} x {where}")
+    for name, why in s["groups_fallen_back"].items():
+        lines.append(f"  fell back {name}: {why}")
     lines.append("  seconds              " + ", ".join(f"{k} {v:.3f}" for k, v in s["seconds"].items()))
     return "\n".join(lines)

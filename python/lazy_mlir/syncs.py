@@ -1,0 +1,108 @@
+"""Where a step is cut into more than one graph execution, and why.
+
+Two things cut a step: an op that takes the eager path (it runs on the CPU,
+so the graph traced so far executes first), and Python reading a value
+mid-step (``.item()``, ``bool(t)``, ``t.all()`` in an ``if``: Hugging Face's
+masking utilities do this). The C++ backend calls ``on_execute`` before every
+graph execution: one whose Python caller is not ``mark_step`` is a sync. The
+eager kernels call ``eager_fallback``.
+Both are counted in the metrics by the user's source line. At O2, which
+promises one graph per step, an eager fallback is an error naming the op and
+the line (``init(o2_fallback="warn")`` makes it a warning), and a value read
+warns once per line.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+
+from . import config, metrics
+
+# Frames in these directories are ours or torch's, never the user's line.
+INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+
+
+class EagerFallbackError(RuntimeError):
+    """O2: an op would run eagerly, cutting the step into several graphs."""
+
+
+# Executions under mark_step run the step on purpose.
+_STEP_CODES = (torch._lazy.mark_step.__code__,)
+
+
+def _is_user_frame(frame) -> bool:
+    filename = frame.f_code.co_filename
+    return not filename.startswith(INTERNAL_DIRS) and not filename.startswith("<")
+
+
+def _describe(frame) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
+def user_source() -> str:
+    """'file.py:12 (forward)' of the innermost frame outside torch and lazy_mlir."""
+    frame = sys._getframe(1)
+    while frame is not None and not _is_user_frame(frame):
+        frame = frame.f_back
+    return _describe(frame) if frame is not None else "source line unknown"
+
+
+def eager_fallback(op_name: str) -> None:
+    """One of our kernels is about to run ``op_name`` on the CPU."""
+    source = user_source()
+    metrics.count_fallback(op_name, source)
+    if config.current.level == "O2":
+        _o2_fallback(f"{op_name} at {source} has no lazy kernel and would run eagerly")
+
+
+def _o2_fallback(what: str) -> None:
+    message = f"lazy_mlir O2: {what}, cutting the step into several graph executions"
+    if config.current.o2_fallback == "warn":
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return
+    raise EagerFallbackError(message + '; use level="O1", or init(o2_fallback="warn") to run it anyway')
+
+
+_ltc_fallbacks_seen = 0
+
+
+def _check_ltc_fallbacks(source: str) -> None:
+    """O2: LTC's own kernels that run eagerly (``nonzero``: data-dependent
+    shapes) bypass ours; its counters show them at the next execution. Only
+    a warning: an exception raised inside an LTC execution aborts the process."""
+    global _ltc_fallbacks_seen
+    counts = metrics.ltc_fallback_counts()
+    total = sum(counts.values())
+    if total > _ltc_fallbacks_seen:
+        warnings.warn(f"lazy_mlir O2: LTC ran {', '.join(sorted(counts))} eagerly (noticed at {source}), "
+                      "cutting the step into several graph executions", RuntimeWarning, stacklevel=3)
+    _ltc_fallbacks_seen = total  # also after metrics.reset()
+
+
+_warned: set[str] = set()
+
+
+def on_execute() -> None:
+    """Before a graph execution. From mark_step: nothing to say. From any other
+    Python code: a value was read mid-step (or an op fell back to the CPU,
+    which reads its inputs). From LTC's IO thread (no Python caller, with
+    ``ltc_thread_pool``): mark_step's and value reads cannot be told apart."""
+    frame, user, marking = sys._getframe(0).f_back, None, False
+    while frame is not None and not marking:
+        marking = frame.f_code in _STEP_CODES
+        if user is None and _is_user_frame(frame):
+            user = frame
+        frame = frame.f_back
+    source = _describe(user) if user is not None else "source line unknown"
+    if config.current.level == "O2":
+        _check_ltc_fallbacks(source)
+    if marking or user is None:
+        return
+    metrics.count_sync(source)
+    if config.current.level == "O2" and source not in _warned:
+        _warned.add(source)
+        warnings.warn(f"lazy_mlir O2: a value read at {source} executed the step traced so far as a graph "
+                      "of its own: the step takes more than one graph execution", RuntimeWarning, stacklevel=2)
