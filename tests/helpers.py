@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lazy_mlir import metrics
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt  # noqa: F401 - make_adamw re-exported
 
 LAZY = torch.device("lazy")
@@ -40,6 +41,14 @@ def assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6, param_atol=None):
     for name in eager_params:
         torch.testing.assert_close(lazy_params[name], eager_params[name], rtol=rtol,
                                    atol=atol if param_atol is None else param_atol, msg=name)
+
+
+def assert_compiled(s: dict | None = None, calls: int = 1) -> None:
+    """The steps since metrics.reset() ran generated code, and no group fell
+    back to TorchScript (equal numbers alone would not show that)."""
+    s = s or metrics.snapshot()
+    assert s["groups_fallen_back"] == {}, s["groups_fallen_back"]
+    assert s["compiled_group_calls"] >= calls, metrics.report()
 
 
 # ----------------------------------------------------------------- workloads

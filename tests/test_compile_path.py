@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import lazy_mlir
 from lazy_mlir import metrics
-from helpers import LAZY, assert_same_training, make_mlp, mlp_batches, train
+from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, train
 
 CPU = torch.device("cpu")
 
@@ -37,6 +37,7 @@ def test_learning_rate_schedule_does_not_recompile(lazy_level):
     lazy = train(make_mlp, lazy_opt, batches, LAZY, after_step=after_lazy_step)
     assert counts[1] == counts[-1], counts  # steps 0 and 1 differ (optimizer state init); none after
     assert counts[-1][1] >= 1  # groups really were lowered through MLIR
+    assert_compiled(calls=10)
     eager_opt = ScheduledAdamW()
     eager = train(make_mlp, eager_opt, batches, CPU, after_step=lambda i: eager_opt.scheduler.step())
     assert_same_training(eager, lazy, param_atol=1e-5)
@@ -80,6 +81,7 @@ def test_o1_keeps_uncompilable_ops_in_torchscript(lazy_level):
     assert torch.isfinite(loss.cpu())
     s = metrics.snapshot()
     assert s["graph_executions"] == 1 and s["groups_built"] >= 1 and s["fallback_count"] == 0
+    assert_compiled(s)
 
 
 def test_compiles_report_progress(lazy_level, capsys):

@@ -6,8 +6,7 @@ import torch
 import lazy_mlir
 from lazy_mlir import compilable, group_compiler, metrics
 from lazy_mlir.models import GPTConfig, gpt_batches, make_gpt
-from helpers import (LAZY, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd,
-                     train)
+from helpers import LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd, train
 
 CPU = torch.device("cpu")
 
@@ -28,7 +27,7 @@ def test_gpt_adamw_one_execution_per_step_no_fallbacks(lazy_level):
     assert s["fallback_count"] == 0, s["fallbacks"]
     assert s["compiles"] == 0 and s["cache_misses"] == 0  # compile count constant after warm-up
     assert counts["compiles_warm"] == 2
-    assert s["group_calls"] >= 4  # the steps really ran through CompiledGroups
+    assert_compiled(s, calls=4)  # the steps really ran generated code
 
 
 def test_gpt_mini_full_size_has_no_fallbacks(lazy_level):
@@ -40,6 +39,7 @@ def test_gpt_mini_full_size_has_no_fallbacks(lazy_level):
     assert s["fallback_count"] == 0, s["fallbacks"]
     assert s["graph_executions"] == s["mark_steps"] == 3
     assert s["groups_built"] >= 1 and s["groups_rejected"] == 0
+    assert_compiled(s, calls=3)
 
 
 def test_o0_builds_no_groups(lazy_level):
@@ -55,7 +55,7 @@ def test_thread_pool_flag(lazy_level):
     try:
         batches = mlp_batches(3, batch=5)
         assert_same_training(train(make_mlp, sgd, batches, CPU), train(make_mlp, sgd, batches, LAZY))
-        assert metrics.snapshot()["group_calls"] >= 3
+        assert_compiled(calls=3)
     finally:
         lazy_mlir.init("O1")
 
@@ -68,6 +68,7 @@ def test_level_change_recompiles_cached_graphs(lazy_level):
     lazy_mlir.init("O1")  # same graphs, LTC cache hits: must not run the O0 code
     train(make_mlp, sgd, batches, LAZY)
     assert metrics.snapshot()["group_calls"] == 2
+    assert_compiled(calls=2)
 
 
 def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
@@ -90,7 +91,7 @@ def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
     assert_same_training(train(make_mlp, sgd, batches, CPU), lazy)
     s = metrics.snapshot()
     assert s["groups_rejected"] >= 1 and s["groups_built"] >= 1
-    assert any("injected failure" in why for why in s["group_failures"].values())
+    assert any("injected failure" in why for why in s["groups_fallen_back"].values())
     assert s["graph_executions"] == s["mark_steps"] == 3
 
 
@@ -106,4 +107,5 @@ def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, mon
         lazy = train(make_mlp, sgd, batches, LAZY)
     assert_same_training(train(make_mlp, sgd, batches, CPU), lazy)
     s = metrics.snapshot()
-    assert s["graph_executions"] == s["mark_steps"] == 2 and s["group_failures"]
+    assert s["graph_executions"] == s["mark_steps"] == 2 and s["groups_fallen_back"]
+    assert s["compiled_group_calls"] == 0  # every group ran its TorchScript subgraph

@@ -64,7 +64,7 @@ def main() -> None:
     state = zero.full_state_dict(model)
     result = {"losses": global_losses / world, "state": state, "memory": memory,
               "metrics": {k: snapshot[k] for k in ("graph_executions", "mark_steps", "fallback_count",
-                                                    "group_failures", "collective_bytes")},
+                                                    "groups_fallen_back", "compiled_group_calls", "collective_bytes")},
               "time": time.time()}
     torch.save(result, f"{args.out}.rank{rank}")
     dist.destroy_process_group()
