@@ -64,6 +64,7 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
 
     with _Stage("mlir_passes"):
         mlir_passes.run_pipeline(module, cfg.pipeline, on_pass_done=after_pass if cfg.dump_dir else None)
+        mlir_passes.run_pipeline(module, "verify-markers-lowered")  # whatever the configured pipeline
     guards += _specialized_arguments(module, example_inputs)
     if cfg.codegen == "mlir-llvm":
         from .codegen.mlir_llvm import try_compile_module
