@@ -14,7 +14,7 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties, syncs
+from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties, step_errors, syncs
 from . import _C
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
@@ -39,6 +39,7 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_ltc_ir_debug(cfg.source_lines)  # LTC records frames per traced op only in IR-debug mode
     lazy_kernels.install()
     module_ties.install()
+    step_errors.install()  # a failed step's stored error must not fail the next one
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")

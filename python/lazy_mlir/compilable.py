@@ -23,6 +23,7 @@ DENIED = {
     "aten::native_dropout", "aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like",
     "aten::randint", "aten::randint_like", "aten::randperm", "aten::normal", "aten::uniform",
     "aten::multinomial", "aten::exponential", "aten::geometric", "aten::cauchy", "aten::log_normal",
+    "aten::random",
 }
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")

@@ -19,6 +19,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from .op_aliases import alias_of
+
 
 class ConversionError(RuntimeError):
     """A node the converter cannot express; names the op and its source line."""
@@ -33,7 +35,8 @@ def _resolve_overload(node: torch._C.Node) -> torch._ops.OpOverload:
     schema = torch._C.parse_schema(node.schema())
     namespace, name = schema.name.split("::")
     packet = getattr(getattr(torch.ops, namespace), name)
-    return getattr(packet, schema.overload_name or "default")
+    # aten::random.from: generated code cannot name it, its stand-in it can
+    return alias_of(getattr(packet, schema.overload_name or "default"))
 
 
 _IMPLICIT = {"aten::ScalarImplicit", "aten::IntImplicit", "aten::FloatImplicit", "aten::BoolImplicit"}

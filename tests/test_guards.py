@@ -1,0 +1,102 @@
+"""A compiled group runs only on inputs like those it was compiled for, and a
+group that fails does not fail the steps after it."""
+import pytest
+import torch
+
+from lazy_mlir import executables, group_lowering, metrics
+from helpers import LAZY
+
+
+def fn(x):
+    return (x * 2 + 1).relu() - x.sum(1, keepdim=True)
+
+
+@pytest.fixture
+def lowerings(monkeypatch):
+    """Counts the groups actually lowered (cache misses that compile)."""
+    calls = []
+
+    def counting(graph, inputs, name, cfg):
+        calls.append(name)
+        return group_lowering.lower_group(graph, inputs, name, cfg)
+
+    monkeypatch.setattr(executables, "lower_group", counting)
+    return calls
+
+
+def run_lazy(x):
+    y = fn(x.to(LAZY))
+    torch._lazy.mark_step()
+    return y.cpu()
+
+
+def test_channels_last_input_takes_its_own_compiled_variant(lazy_level, lowerings):
+    x = torch.randn(2, 3, 5, 7)
+    layouts = [x, x.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last), x]
+    for inp in layouts:
+        torch.testing.assert_close(run_lazy(inp), fn(inp))
+    # one compile per layout; going back to a layout seen before compiles nothing
+    assert len(lowerings) == 2
+    s = metrics.snapshot()
+    assert s["groups_fallen_back"] == {} and s["graph_executions"] == 4
+
+
+def test_transposed_input_of_the_same_shape(lazy_level, lowerings):
+    a, b = torch.randn(6, 6), torch.randn(6, 6).t()
+    assert a.shape == b.shape and a.stride() != b.stride()
+    for inp in (a, b, a, b):
+        torch.testing.assert_close(run_lazy(inp), fn(inp))
+    assert len(lowerings) == 2 and metrics.snapshot()["groups_fallen_back"] == {}
+
+
+def test_layout_guard_sees_strides_dtypes_and_sizes():
+    x = torch.randn(2, 3, 4, 5)
+    guard = executables.layout_guard([x, torch.randn(3)])
+    assert guard.check(torch.randn(2, 3, 4, 5), torch.randn(3))
+    assert not guard.check(x.to(memory_format=torch.channels_last), torch.randn(3))
+    assert not guard.check(x, torch.randn(3, dtype=torch.float64))
+    assert not guard.check(x, torch.randn(4))
+    assert not guard.check(x, torch.randn(6)[::2])
+
+
+class _FailingRun:
+    """Generated code that raises on the calls listed (counting from 0)."""
+
+    def __init__(self, run, failing_calls):
+        self.run, self.failing_calls, self.calls = run, failing_calls, 0
+
+    def __call__(self, inputs):
+        call, self.calls = self.calls, self.calls + 1
+        if call in self.failing_calls:
+            raise RuntimeError("injected run failure")
+        return self.run(inputs)
+
+
+def _lower_with_failing_run(monkeypatch, failing_calls):
+    def lower(graph, inputs, name, cfg):
+        lowered = group_lowering.lower_group(graph, inputs, name, cfg)
+        lowered.run = _FailingRun(lowered.run, failing_calls)
+        return lowered
+
+    monkeypatch.setattr(executables, "lower_group", lower)
+
+
+def test_code_failing_its_first_run_falls_back_for_this_and_later_steps(lazy_level, monkeypatch):
+    _lower_with_failing_run(monkeypatch, failing_calls={0})
+    inputs = [torch.randn(3, 11) for _ in range(3)]
+    with pytest.warns(RuntimeWarning, match="injected run failure"):
+        outputs = [run_lazy(x) for x in inputs]
+    for x, y in zip(inputs, outputs):
+        torch.testing.assert_close(y, fn(x))
+    assert any("injected run failure" in why for why in metrics.snapshot()["groups_fallen_back"].values())
+
+
+def test_a_failed_step_does_not_poison_the_next(lazy_level, monkeypatch):
+    _lower_with_failing_run(monkeypatch, failing_calls={1})
+    first, failing, after = torch.randn(4, 9), torch.randn(4, 9), torch.randn(4, 9)
+    torch.testing.assert_close(run_lazy(first), fn(first))
+    with pytest.raises(RuntimeError, match="injected run failure"):
+        run_lazy(failing)
+    for _ in range(2):  # the same graph and group again, new data
+        torch.testing.assert_close(run_lazy(after), fn(after))
+    assert metrics.snapshot()["groups_fallen_back"] == {}
