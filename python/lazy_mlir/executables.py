@@ -35,8 +35,10 @@ class TorchScriptExecutable:
             tup.insertBefore(graph.return_node())
             graph.registerOutput(tup.output())
         self.function = torch._C._create_function_from_graph(name.replace(".", "_"), graph)
+        self.name = name
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        metrics.count_fallback_group_call(self.name)
         out = self.function(*inputs)
         return [out] if self.num_outputs == 1 else list(out)
 
