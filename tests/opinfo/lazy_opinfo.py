@@ -1,0 +1,119 @@
+"""Runs PyTorch's OpInfo samples on the lazy device at O1 and checks them
+against eager CPU PyTorch; says how each op ran (compiled, left in
+TorchScript, ...). Shared by the tests here and ``sweep.py``."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+import torch._lazy
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_map
+
+from lazy_mlir import metrics
+
+LAZY = torch.device("lazy")
+DTYPES = (torch.float32, torch.float64)
+TOLERANCE = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-7, atol=1e-7)}
+
+# Ops whose results legitimately differ from eager: skipped, with the reason.
+_RANDOM = ("bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal",
+           "normal.in_place", "normal.number_mean", "uniform", "rand_like", "randn", "randn_like",
+           "randint", "randint_like", "nn.functional.dropout", "nn.functional.dropout2d",
+           "nn.functional.dropout3d", "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
+           "nn.functional.rrelu", "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d")
+_UNINITIALISED = ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided")
+SKIPS = {**{n: "random draws: another order or generator than eager" for n in _RANDOM},
+         **{n: "uninitialised output (empty): nothing to compare" for n in _UNINITIALISED}}
+
+
+def full_name(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+OPS = {full_name(op): op for op in op_db}
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str  # "compiled" | "torchscript" | "fell_back" | "eager_fallback" | "failed" | "skipped" | "no_sample"
+    detail: str = ""
+
+
+def _to_lazy(value):
+    return value.to(LAZY) if isinstance(value, torch.Tensor) else value
+
+
+def samples(op, dtype, max_samples=1, channels_last=False):
+    """The op's first samples for ``dtype`` (CPU tensors), optionally channels_last."""
+    found = []
+    for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+        if channels_last:
+            if not (isinstance(sample.input, torch.Tensor) and sample.input.dim() == 4):
+                continue
+            sample = sample.transform(lambda t: t.contiguous(memory_format=torch.channels_last)
+                                      if isinstance(t, torch.Tensor) and t.dim() == 4 else t)
+        found.append(sample)
+        if len(found) == max_samples:
+            break
+    return found
+
+
+def compare(lazy_out, eager_out, dtype) -> None:
+    """Every output (tuples included) equal to eager, NaN positions too."""
+    lazy_flat, lazy_spec = tree_flatten(lazy_out)
+    eager_flat, eager_spec = tree_flatten(eager_out)
+    assert lazy_spec == eager_spec, f"output structure {lazy_spec} != eager {eager_spec}"
+    for i, (got, want) in enumerate(zip(lazy_flat, eager_flat)):
+        if isinstance(want, torch.Tensor):
+            assert isinstance(got, torch.Tensor), f"output {i}: {type(got).__name__}, eager gives a tensor"
+            torch.testing.assert_close(got.cpu(), want, equal_nan=True, **TOLERANCE[dtype], msg=lambda m: f"output {i}: {m}")
+        else:
+            assert got == want, f"output {i}: {got!r} != eager {want!r}"
+
+
+def run_sample(fn, sample, dtype, seed=0) -> Outcome:
+    """Runs ``fn`` on ``sample`` lazily (one mark_step) and eagerly; compares and classifies."""
+    metrics.reset()
+    try:
+        lazy_sample = sample.transform(_to_lazy)
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a group falling back warns; the metrics say it
+            lazy_out = fn(lazy_sample.input, *lazy_sample.args, **lazy_sample.kwargs)
+            torch._lazy.mark_step()
+            lazy_out = tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, lazy_out)
+    except Exception as exc:  # noqa: BLE001 - reported per op
+        return Outcome("failed", f"lazy run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    torch.manual_seed(seed)
+    eager_out = fn(sample.input, *sample.args, **sample.kwargs)
+    try:
+        compare(lazy_out, eager_out, dtype)
+    except AssertionError as exc:
+        return Outcome("failed", f"mismatch: {' '.join(str(exc).split())[:200]}")
+    return classify(metrics.snapshot())
+
+
+def classify(s: dict) -> Outcome:
+    if s["fallbacks"]:
+        return Outcome("eager_fallback", ", ".join(sorted(s["fallbacks"])))
+    if s["groups_fallen_back"]:
+        return Outcome("fell_back", next(iter(s["groups_fallen_back"].values()))[:200])
+    if s["compiled_group_calls"]:
+        return Outcome("compiled")
+    return Outcome("torchscript")
+
+
+def run_op(name: str, dtype, max_samples=1, channels_last=False) -> Outcome:
+    """The op's outcome over its first samples: the first that is not 'compiled' wins."""
+    if name in SKIPS:
+        return Outcome("skipped", SKIPS[name])
+    op = OPS[name]
+    if dtype not in op.supported_dtypes("cpu"):
+        return Outcome("no_sample", f"{dtype} not supported on CPU")
+    found = samples(op, dtype, max_samples, channels_last)
+    if not found:
+        return Outcome("no_sample", "no sample input")
+    outcomes = [run_sample(op, sample, dtype) for sample in found]
+    return next((o for o in outcomes if o.status != "compiled"), outcomes[0])
