@@ -193,3 +193,20 @@ def test_every_mutable_variant_with_a_functional_sibling_is_covered(lazy_level):
         if op is None or not op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags:
             continue
         assert lazy_kernels._functional_sibling(op) is None, qualified
+
+
+def test_composites_that_call_their_own_out_variant_are_traced(lazy_level):
+    """logical_not's composite kernel calls logical_not.out on an empty({0})
+    buffer the lazy device cannot resize (and that variant's kernel would call
+    logical_not back): such ops are traced themselves, with no recursion."""
+    x, y = torch.randn(6), torch.randn(6)
+    xl, yl = x.to(LAZY), y.to(LAZY)
+    ops = [lambda a, b: torch.logical_not(a), torch.logical_and, torch.logical_xor,
+           lambda a, b: torch.frexp(a)[0], lambda a, b: torch.kthvalue(a, 2)[0],
+           lambda a, b: torch.nanquantile(a, 0.3)]
+    outs = [f(xl, yl) for f in ops]
+    torch._lazy.mark_step()
+    for f, out in zip(ops, outs):
+        torch.testing.assert_close(out.cpu(), f(x, y))
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()

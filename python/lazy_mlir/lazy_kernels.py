@@ -156,14 +156,36 @@ def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | No
     return None
 
 
+def _active_ops() -> set:
+    """Ops whose Lazy kernel is running on this thread (to break cycles)."""
+    active = getattr(_reentry, "ops", None)
+    if active is None:
+        active = _reentry.ops = set()
+    return active
+
+
 def _mutable_kernel(op, functional):
+    name = _qualified(op)
     schema = op._schema
     written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
     inputs = [i for i, a in enumerate(schema.arguments) if not a.is_out]
+    keywords = [a.name for a in functional._schema.arguments if a.kwarg_only]
 
     def kernel(*args, **kwargs):
         full = _schema_arguments(op, args, kwargs)
-        results = functional(*[full[i] for i in inputs])
+        values = [full[i] for i in inputs]
+        active = _active_ops()
+        if name in active:
+            # The sibling's own composite kernel calls this op back
+            # (logical_not -> logical_not.out): trace the sibling as a node.
+            results = trace_builtin(functional, values, {})
+        else:
+            active.add(name)
+            try:
+                positional = values[:len(values) - len(keywords)]
+                results = functional(*positional, **dict(zip(keywords, values[len(positional):])))
+            finally:
+                active.discard(name)
         results = [results] if isinstance(results, torch.Tensor) else list(results)
         targets = [full[i] for i in written]
         if any(t.shape != r.shape for t, r in zip(targets, results)):
@@ -251,9 +273,7 @@ def _decomposed_kernel(op, decomposition):
     name = str(op)
 
     def kernel(*args, **kwargs):
-        active = getattr(_reentry, "ops", None)
-        if active is None:
-            active = _reentry.ops = set()
+        active = _active_ops()
         if name in _untrusted or name in active:
             return _builtin_kernel(op)(*args, **kwargs)
         active.add(name)
@@ -320,8 +340,6 @@ def install() -> None:
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
         _LIB.impl(name, fn, "Lazy")
-    from torch._decomp import decomposition_table
-
     functional, mutable = [], []
     for op in _aten_ops_falling_back():
         if _is_functional_tensor_op(op):
@@ -329,19 +347,32 @@ def install() -> None:
         elif op._schema.is_mutable and torch.Tag.nondeterministic_seeded not in op.tags:
             mutable.append(op)
     for op in functional:
-        qualified = _qualified(op)
-        overload = qualified[len("aten::"):]
-        if overload in HAND_WRITTEN:
-            continue
-        decomposition = decomposition_table.get(op)
-        if decomposition is not None and _aten_written(decomposition):
-            _LIB.impl(overload, _decomposed_kernel(op, decomposition), "Lazy")
-            _DECOMPOSED.add(qualified)
-        else:
-            _LIB.impl(overload, _builtin_kernel(op), "Lazy")
-            _BUILTIN.add(qualified)
+        if _qualified(op)[len("aten::"):] not in HAND_WRITTEN:
+            _register_functional(op)
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in mutable:  # after the functional kernels: the siblings they call
         sibling = _functional_sibling(op)
-        if sibling is not None:
-            _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
-            _MUTABLE.add(_qualified(op))
+        if sibling is None:
+            continue
+        _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
+        _MUTABLE.add(_qualified(op))
+        sibling_name = _qualified(sibling)
+        if not has(sibling_name, "Lazy") and has(sibling_name, "CompositeExplicitAutograd"):
+            # Its composite kernel calls this out= variant with an empty({0})
+            # buffer (logical_not, frexp, kthvalue...), which the lazy device
+            # cannot resize: trace the sibling itself.
+            _register_functional(sibling)
+
+
+def _register_functional(op) -> None:
+    """Trace ``op`` through its aten-written decomposition, else as a builtin node."""
+    from torch._decomp import decomposition_table
+
+    qualified = _qualified(op)
+    decomposition = decomposition_table.get(op)
+    if decomposition is not None and _aten_written(decomposition):
+        _LIB.impl(qualified[len("aten::"):], _decomposed_kernel(op, decomposition), "Lazy")
+        _DECOMPOSED.add(qualified)
+    else:
+        _LIB.impl(qualified[len("aten::"):], _builtin_kernel(op), "Lazy")
+        _BUILTIN.add(qualified)
