@@ -59,6 +59,19 @@ def test_layout_guard_sees_strides_dtypes_and_sizes():
     assert not guard.check(x, torch.randn(6)[::2])
 
 
+def test_layout_guard_passes_an_input_passed_twice():
+    """LTC passes a weight read by forward and by its update twice; Dynamo's
+    TensorGuards alone rejects such a list, even the one it was built from
+    (every real model's step then recursed into a TorchScript fallback)."""
+    w, x = torch.randn(4, 4), torch.randn(3)
+    guard = executables.layout_guard([w, x, w])
+    assert guard.check(w, x, w)
+    assert not guard.check(torch.randn(4, 4), torch.randn(3), w)  # positions 0 and 2 no longer alias
+    w2 = torch.randn(4, 4)
+    assert guard.check(w2, torch.randn(3), w2)
+    assert not guard.check(w2.t().contiguous().t(), torch.randn(3), w2.t().contiguous().t())
+
+
 class _FailingRun:
     """Generated code that raises on the calls listed (counting from 0)."""
 

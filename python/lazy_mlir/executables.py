@@ -55,12 +55,32 @@ def report_failure(name: str, describe: str, exc: Exception) -> None:
                   "it runs in TorchScript instead", RuntimeWarning, stacklevel=1)
 
 
-def layout_guard(inputs: list[torch.Tensor]) -> TensorGuards:
+def layout_guard(inputs: list[torch.Tensor]):
     """A C++ check (Dynamo's) of each input's dtype, device, sizes and strides,
     ~0.1 us per input. Storage offsets need none: Inductor copies inputs it
     assumed aligned when they are not."""
+    first = {}
+    for i, t in enumerate(inputs):
+        first.setdefault(id(t), i)
+    if len(first) < len(inputs):
+        return _DistinctGuard(inputs, first)
     return TensorGuards(*inputs, dynamic_dims_sizes=[list(t.shape) for t in inputs],
                         dynamic_dims_strides=[list(t.stride()) for t in inputs])
+
+
+class _DistinctGuard:
+    """TensorGuards fails on any list holding one tensor twice (LTC passes a
+    weight read by forward and by its update twice): it guards the distinct
+    tensors, and checks that the same positions still hold one tensor."""
+
+    def __init__(self, inputs, first: dict):
+        self.distinct = sorted(first.values())
+        self.repeats = [(i, first[id(t)]) for i, t in enumerate(inputs) if first[id(t)] != i]
+        self.guard = layout_guard([inputs[i] for i in self.distinct])
+
+    def check(self, *inputs) -> bool:
+        return (all(inputs[i] is inputs[j] for i, j in self.repeats)
+                and self.guard.check(*(inputs[i] for i in self.distinct)))
 
 
 class GroupExecutable:
