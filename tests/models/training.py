@@ -1,0 +1,74 @@
+"""One zoo training run, eager or lazy, with the lazy_mlir metrics of each phase.
+
+Phases of a lazy run (``WARMUP`` steps, one more step of the same shape,
+a ragged batch, a batch at the other length):
+  warmup  the first steps compile (step 0 and 1 differ: optimizer state init)
+  steady  a step of a shape already seen: must compile nothing
+  ragged  a smaller batch (an epoch's last): a new shape, may compile
+  length  the model's other sequence length (image size): may compile
+Each phase's snapshot is taken after ``metrics.reset()`` at its start, so
+it counts only that phase's mark_steps, executions and compiles.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from lazy_mlir import metrics
+import zoo
+
+WARMUP = 2
+LAZY = torch.device("lazy")
+
+
+@dataclass
+class Run:
+    losses: torch.Tensor
+    params: dict[str, torch.Tensor]
+    phases: dict[str, dict] = field(default_factory=dict)   # phase -> metrics.snapshot()
+    reports: dict[str, str] = field(default_factory=dict)   # phase -> metrics.report()
+    first_step_s: float = 0.0
+
+
+def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: float = 0.0,
+          shapes: bool = True) -> Run:
+    """``perturb`` scales the initial weights by 1 + perturb (a noise floor);
+    ``shapes=False`` leaves out the ragged and other-length steps (each is a
+    new graph to compile: most of a run's cold time)."""
+    spec = zoo.SPECS[v.model]
+    model = zoo.make_model(v, dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + perturb)
+    model = model.to(device)
+    model.train()
+    opt = spec.optimizer(model)
+    data = zoo.batches(v, WARMUP + 1, dtype)[:None if shapes else WARMUP + 1]
+    # The same seed before the first step in both runs: dropout draws from the
+    # CPU generator in both (lazy bernoulli runs in the TorchScript glue graph).
+    torch.manual_seed(1234)
+    lazy = device.type == "lazy"
+    phase_of = ["warmup"] * WARMUP + ["steady", "ragged", "length"]
+    losses, run = [], Run(None, {})
+    for i, batch in enumerate(data):
+        if lazy and (i == 0 or phase_of[i] != phase_of[i - 1]):
+            metrics.reset()
+        start = time.perf_counter()
+        loss = spec.loss(model, *(t.to(device) for t in batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if lazy:
+            torch._lazy.mark_step()
+        losses.append(loss.item())  # after mark_step: reads data, runs no graph
+        if i == 0:
+            run.first_step_s = time.perf_counter() - start
+        if lazy and (i + 1 == len(data) or phase_of[i + 1] != phase_of[i]):
+            run.phases[phase_of[i]] = metrics.snapshot()
+            run.reports[phase_of[i]] = metrics.report()
+    with torch.no_grad():  # p.detach() would trace a detach_copy and run a graph per parameter
+        run.params = {n: p.cpu() for n, p in model.named_parameters()}
+    run.losses = torch.tensor(losses, dtype=torch.float64)
+    return run

@@ -1,0 +1,202 @@
+"""The model zoo: tiny Hugging Face transformers and torchvision-style CNNs,
+random init (no hub downloads), with their inputs, loss and optimizer.
+
+A ``Variant`` names one configuration: model, attention implementation
+(HF's ``attn_implementation``; None for CNNs), dropout probability and
+first length (tokens, or the image side for vision models). ``batches()``
+gives ``steps`` full batches, one ragged batch (batch size 1, the way a data
+loader ends an epoch), then one full batch at the model's other length. Losses are computed here from the logits, in the
+model's dtype (HF's own loss casts logits to fp32, which would hide fp64).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cnns import MobileNetV3Small, ResNet  # noqa: E402
+
+VOCAB, BATCH, CLASSES = 64, 2, 10
+
+
+@dataclass(frozen=True)
+class Variant:
+    model: str
+    attn: str | None = "sdpa"
+    dropout: float = 0.0
+    length: int = 8
+
+    @property
+    def id(self) -> str:
+        attn = f"-{self.attn}" if self.attn else ""
+        return f"{self.model}{attn}-p{self.dropout:g}"
+
+    @property
+    def other_length(self) -> int:
+        return next(n for n in SPECS[self.model].lengths if n != self.length)
+
+
+@dataclass(frozen=True)
+class Spec:
+    build: Callable[[Variant], torch.nn.Module]
+    inputs: Callable[[Variant, int, torch.Generator], tuple]  # (variant, batch, gen) -> CPU tensors
+    loss: Callable[..., torch.Tensor]                          # (model, *inputs) -> scalar
+    optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]
+    attns: tuple = ("sdpa", "eager")
+    dropouts: tuple = (0.0, 0.1)
+    lengths: tuple = (8, 16)
+
+
+def adamw(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def sgd_momentum(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _hf(model_cls, config, v: Variant):
+    return model_cls._from_config(config, attn_implementation=v.attn)
+
+
+# ------------------------------------------------------------- transformers
+def _gpt2(v):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=VOCAB, bos_token_id=0,
+                     eos_token_id=0, resid_pdrop=v.dropout, embd_pdrop=v.dropout, attn_pdrop=v.dropout)
+    return _hf(GPT2LMHeadModel, cfg, v)
+
+
+def _llama(v):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=16, vocab_size=VOCAB, bos_token_id=0,
+                      eos_token_id=0, pad_token_id=0, attention_dropout=v.dropout)
+    return _hf(LlamaForCausalLM, cfg, v)
+
+
+def _tokens(v, batch, g):
+    return (torch.randint(1, VOCAB, (batch, v.length), generator=g),)
+
+
+def _causal_lm_loss(model, ids):
+    logits = model(input_ids=ids).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+def _padding_mask(v, batch):
+    """Row 0 full, the others padded at the end: a real padded batch."""
+    mask = torch.ones(batch, v.length, dtype=torch.long)
+    mask[1:, v.length - 3:] = 0
+    return mask
+
+
+def _bert(v):
+    from transformers import BertConfig, BertForMaskedLM
+    cfg = BertConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                     max_position_embeddings=16, vocab_size=VOCAB, pad_token_id=0,
+                     hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout)
+    return _hf(BertForMaskedLM, cfg, v)
+
+
+def _bert_inputs(v, batch, g):
+    ids = torch.randint(1, VOCAB, (batch, v.length), generator=g)
+    targets = torch.randint(1, VOCAB, (batch, v.length), generator=g)
+    return ids, _padding_mask(v, batch), targets
+
+
+def _bert_loss(model, ids, mask, targets):
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _t5(v):
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(num_layers=1, num_decoder_layers=1, d_model=32, d_kv=8, num_heads=4, d_ff=64,
+                   vocab_size=VOCAB, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                   dropout_rate=v.dropout, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    return _hf(T5ForConditionalGeneration, cfg, v)
+
+
+def _t5_inputs(v, batch, g):
+    ids = torch.randint(2, VOCAB, (batch, v.length), generator=g)
+    labels = torch.randint(2, VOCAB, (batch, v.length // 2), generator=g)
+    return ids, _padding_mask(v, batch), labels
+
+
+def _t5_loss(model, ids, mask, labels):
+    # decoder inputs: labels shifted right behind decoder_start_token_id (what HF does for labels=)
+    decoder_ids = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], dim=1)
+    logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def _vit(v):
+    from transformers import ViTConfig, ViTForImageClassification
+    cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, intermediate_size=64, num_labels=CLASSES,
+                    hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout)
+    return _hf(ViTForImageClassification, cfg, v)
+
+
+def _images(v, batch, g):
+    return torch.randn(batch, 3, v.length, v.length, generator=g), torch.randint(0, CLASSES, (batch,), generator=g)
+
+
+def _vit_loss(model, images, labels):
+    # other image sizes than the config's interpolate the position embeddings
+    logits = model(pixel_values=images, interpolate_pos_encoding=images.shape[-1] != 16).logits
+    return F.cross_entropy(logits, labels)
+
+
+# --------------------------------------------------------------------- CNNs
+def _cnn_loss(model, images, labels):
+    return F.cross_entropy(model(images), labels)
+
+
+SPECS: dict[str, Spec] = {
+    "gpt2": Spec(_gpt2, _tokens, _causal_lm_loss, adamw),
+    "bert": Spec(_bert, _bert_inputs, _bert_loss, adamw),
+    "llama": Spec(_llama, _tokens, _causal_lm_loss, adamw),
+    "t5": Spec(_t5, _t5_inputs, _t5_loss, adamw),
+    "vit": Spec(_vit, _images, _vit_loss, adamw, lengths=(16, 24)),
+    "resnet": Spec(lambda v: ResNet(), _images, _cnn_loss, sgd_momentum, attns=(None,), dropouts=(0.0,),
+                   lengths=(32, 24)),
+    "mobilenet": Spec(lambda v: MobileNetV3Small(dropout=v.dropout), _images, _cnn_loss, sgd_momentum,
+                      attns=(None,), dropouts=(0.0, 0.2), lengths=(32, 24)),
+}
+
+
+def all_variants() -> list[Variant]:
+    """The full cartesian product: every model x attention x dropout (each
+    run trains both lengths)."""
+    return [Variant(name, a, p, spec.lengths[0]) for name, spec in SPECS.items()
+            for a, p in itertools.product(spec.attns, spec.dropouts)]
+
+
+def base_variant(name: str, **changes) -> Variant:
+    spec = SPECS[name]
+    fields = dict(model=name, attn=spec.attns[0], dropout=spec.dropouts[0], length=spec.lengths[0])
+    return Variant(**{**fields, **changes})
+
+
+def make_model(v: Variant, dtype=torch.float64, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return SPECS[v.model].build(v).to(dtype)
+
+
+def batches(v: Variant, steps: int, dtype=torch.float64, seed: int = 1) -> list[tuple]:
+    """``steps`` batches of BATCH, a ragged batch of 1, a batch of BATCH at
+    the other length."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = SPECS[v.model].inputs
+    other = dataclasses.replace(v, length=v.other_length)
+    out = [inputs(v, b, g) for b in [BATCH] * steps + [1]] + [inputs(other, BATCH, g)]
+    return [tuple(t.to(dtype) if t.is_floating_point() else t for t in batch) for batch in out]
