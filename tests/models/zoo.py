@@ -92,10 +92,15 @@ def _causal_lm_loss(model, ids):
 
 
 def _padding_mask(v, batch):
-    """Row 0 full, the others padded at the end: a real padded batch."""
-    mask = torch.ones(batch, v.length, dtype=torch.long)
-    mask[1:, v.length - 3:] = 0
-    return mask
+    """Row 0 full, the others padded at the end: a real padded batch. As the
+    README says for one graph per step, prepared on the CPU as the 4-D
+    additive mask transformers uses as is, (batch, 1, 1, kv_len): with a 2-D
+    mask its masking utilities read ``padding_mask.all()`` (a sync) per
+    attention type. Additive, not boolean: HF eager attention adds it."""
+    keep = torch.ones(batch, v.length, dtype=torch.bool)
+    keep[1:, v.length - 3:] = False
+    mask = torch.zeros(batch, 1, 1, v.length)
+    return mask.masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
 
 
 def _bert(v):
