@@ -104,14 +104,27 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
     return result
 
 
-def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict | None:
-    cmd = [sys.executable, __file__, "--child", variant, "--steps", str(steps), "--warmup", str(warmup),
-           "--init-options", json.dumps(init_options or {})]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+class ChildFailed(RuntimeError):
+    pass
+
+
+def run_child(script: str, args: list[str]) -> dict:
+    """Runs ``script args`` in a fresh process (each variant gets its own
+    torch state); the child prints its result as JSON on its last line."""
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if proc.returncode != 0:
-        print(f"  {variant} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-        return None
+        raise ChildFailed(proc.stderr[-2000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict | None:
+    try:
+        return run_child(__file__, ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
+                                    "--init-options", json.dumps(init_options or {})])
+    except ChildFailed as exc:
+        print(f"  {variant} failed:\n{exc}", file=sys.stderr)
+        return None
 
 
 def main():
