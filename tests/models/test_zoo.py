@@ -62,6 +62,7 @@ def max_diffs(a: training.Run, b: training.Run) -> tuple[float, float]:
     params = max((a.params[n] - p).abs().max().item() for n, p in b.params.items())
     return (a.losses - b.losses).abs().max().item(), params
 
+
 _runs: dict[tuple, tuple] = {}  # one eager and one lazy run per (variant, shapes), shared by the tests
 
 
@@ -93,7 +94,8 @@ def test_matches_eager(lazy_o1, v, shapes):
     if v.model in FP32_ISLANDS:
         floor = max_diffs(eager, training.train(v, CPU, perturb=1e-7, shapes=shapes))
         diffs = max_diffs(eager, lazy)
-        assert all(d <= NOISE_FLOOR_FACTOR * f for d, f in zip(diffs, floor)), (diffs, floor)
+        assert all(d <= NOISE_FLOOR_FACTOR * f for d, f in zip(diffs, floor)), \
+            f"(loss, param) diffs {diffs} vs noise floor {floor} ({FP32_ISLANDS[v.model]})"
     else:
         torch.testing.assert_close(lazy.losses, eager.losses, **FP64_TOLERANCE)
         for name, p in eager.params.items():
