@@ -14,7 +14,7 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import compilable, config, group_compiler, lazy_kernels, metrics, module_ties, step_errors, syncs
+from . import compilable, config, dump, group_compiler, lazy_kernels, metrics, module_ties, step_errors, syncs
 from . import _C
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
@@ -31,6 +31,8 @@ def init(level: str = "O1", **options) -> config.Config:
     global _ts_initialized
     cfg = config.Config(level=level, **options)
     cfg.validate()
+    if cfg.dump_dir:  # a bad directory is an error here, not a surprise at the first compile
+        dump.check_dir(cfg.dump_dir, "dump_dir" if "dump_dir" in options else "LAZY_MLIR_DUMP_DIR")
     config.current = cfg
     if not _ts_initialized:
         torch._lazy.ts_backend.init()  # the TS backend must exist before we wrap it

@@ -120,6 +120,8 @@ def test_inductor_keeps_the_collective_order(tmp_path):
     finally:
         del os.environ["LAZY_MLIR_DUMP_DIR"]
     assert codes == [0, 0], outputs[0][-3000:]
+    # the ranks share the directory: each dump name carries its rank
+    assert {f.name.split(".")[2] for f in dump.glob("*.0.ts.txt")} == {"rank0", "rank1"}
     checked = 0
     for fx_file in dump.glob("*.4.export.fx.txt"):
         planned = collective_issue_order(fx_file.read_text())
