@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.distributed as dist
 
+from .. import config
 from . import ops  # noqa: F401 - registers the marker ops
 from .engine import ZeroEngine
 
@@ -50,12 +52,36 @@ class ZeroOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
         self.engine.zero_grad()
 
-    def state_dict(self):
-        """This rank's (sharded) optimizer state."""
-        return self.inner.state_dict()
+    def state_dict(self) -> dict:
+        """This rank's shard of the optimizer state as CPU tensors (for
+        ``torch.save``), and the layout it belongs to (``"zero"``). It loads
+        into an optimizer set up alike: same model, world size, rank and
+        persistence threshold (the stage may differ: every stage shards the
+        optimizer state the same way)."""
+        inner = self.inner.state_dict()
+        with torch.no_grad():  # copies: AdamW bumps its CPU "step" tensors in place
+            state = {k: {name: v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+                         for name, v in entry.items()} for k, entry in inner["state"].items()}
+        return {"state": state, "param_groups": inner["param_groups"], "zero": self._layout()}
 
-    def load_state_dict(self, state_dict) -> None:
-        self.inner.load_state_dict(state_dict)
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads what ``state_dict()`` returned, on the same rank of a group
+        of the same size; another layout is an error, not a silent mix of
+        shards."""
+        layout, expected = state_dict.get("zero"), self._layout()
+        if layout != expected:
+            raise ValueError(f"lazy_mlir.zero: this optimizer state was saved with layout {layout}, this "
+                             f"optimizer has {expected} (world size, rank and the shards' shapes must match)")
+        # clones: the inner optimizer keeps CPU "step" tensors as given and bumps them in place
+        state = {k: {name: v.clone() if isinstance(v, torch.Tensor) else v for name, v in entry.items()}
+                 for k, entry in state_dict["state"].items()}
+        self.inner.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})
+
+    def _layout(self) -> dict:
+        # the shards' shapes, not their data's: in stages 1-2 a shard is empty between steps
+        owner = {id(m.shard if m.sharded else m.param): m for m in self.engine.managed}
+        shapes = [self.engine.owned_shape(owner[id(p)]) for group in self.inner.param_groups for p in group["params"]]
+        return {"world_size": self.engine.world, "rank": self.engine.rank, "shapes": shapes}
 
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
@@ -81,27 +107,82 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
     """
-    if hasattr(model, _ENGINE_ATTR):
-        raise RuntimeError("lazy_mlir.zero.initialize: this model is already initialized")
-    if any(optimizer.state.values()):
-        raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
-    engine = ZeroEngine(model, stage, process_group, prefetch_bytes, persistence_threshold,
-                        prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter)
-    by_param = engine.by_param
-    groups = []
-    for group in optimizer.param_groups:
-        params = []
-        for p in group["params"]:
-            m = by_param.get(id(p))
-            if m is None:
-                raise ValueError("lazy_mlir.zero.initialize: the optimizer holds a tensor that is not a "
-                                 "trainable parameter of the model")
-            params.append(m.shard if m.sharded else m.param)
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-    inner = type(optimizer)(groups)  # each group carries all its hyper-parameters
-    setattr(model, _ENGINE_ATTR, engine)
-    _use_zero_pipeline(engine)
+    if not dist.is_initialized():
+        raise RuntimeError("lazy_mlir.zero: call torch.distributed.init_process_group first (run under torchrun)")
+    group = process_group or dist.group.WORLD
+    # All-or-nothing on every rank: local checks; if every rank passed them,
+    # the collectives that compute the shards, then the changes to the model,
+    # undone if anything failed on any rank.
+    engine = failure = None
+    try:
+        if hasattr(model, _ENGINE_ATTR):
+            raise RuntimeError("lazy_mlir.zero.initialize: this model is already initialized")
+        if any(optimizer.state.values()):
+            raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
+        engine = ZeroEngine(model, stage, group, prefetch_bytes, persistence_threshold,
+                            prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter)
+        if any(id(p) not in engine.trainable_ids for g in optimizer.param_groups for p in g["params"]):
+            raise ValueError("lazy_mlir.zero.initialize: the optimizer holds a tensor that is not a "
+                             "trainable parameter of the model")
+    except Exception as exc:  # noqa: BLE001 - told to the other ranks, then raised
+        failure = exc
+    _agree(group, failure, "in its checks")
+
+    saved_config = config.current
+    done = False
+    try:
+        try:
+            engine.shard()
+            groups = []
+            for g in optimizer.param_groups:
+                managed = [engine.by_param[id(p)] for p in g["params"]]
+                groups.append({**{k: v for k, v in g.items() if k != "params"},
+                               "params": [m.shard if m.sharded else m.param for m in managed]})
+            inner = type(optimizer)(groups)  # each group carries all its hyper-parameters
+            engine.attach(model)
+            setattr(model, _ENGINE_ATTR, engine)
+            _use_zero_pipeline(engine)
+        except Exception as exc:  # noqa: BLE001 - told to the other ranks, then raised
+            failure = exc
+        _agree(group, failure, "while sharding")
+        done = True
+    finally:  # also on KeyboardInterrupt
+        if not done:
+            _roll_back(model, engine, saved_config)
+    engine.commit()
     return model, ZeroOptimizer(inner, engine)
+
+
+def _agree(group, failure: Exception | None, when: str) -> None:
+    """Raises on every rank when any rank of ``group`` failed: its own error,
+    or one naming the ranks that failed (a rank that went on alone would
+    wait forever in the first step's collectives)."""
+    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int32)
+    flags[dist.get_rank(group)] = int(failure is not None)
+    try:
+        dist.all_reduce(flags, group=group)
+    except Exception:
+        if failure is not None:
+            raise failure  # this rank's own error says more than the collective's
+        raise
+    if failure is not None:
+        raise failure
+    failed = [r for r, flag in enumerate(flags.tolist()) if flag]
+    if failed:
+        raise RuntimeError(f"lazy_mlir.zero.initialize failed on rank(s) {failed} of the group {when}; "
+                           "this rank's model and optimizer are unchanged")
+
+
+def _roll_back(model, engine: ZeroEngine | None, saved_config) -> None:
+    """The model, its hooks and lazy_mlir's configuration as before initialize()."""
+    import lazy_mlir
+
+    if engine is not None:
+        engine.detach()
+    if engine is not None and getattr(model, _ENGINE_ATTR, None) is engine:
+        delattr(model, _ENGINE_ATTR)
+    if config.current is not saved_config:  # _use_zero_pipeline installed the zero passes
+        lazy_mlir.init(**dataclasses.asdict(saved_config))
 
 
 def _use_zero_pipeline(engine: ZeroEngine) -> None:

@@ -38,6 +38,9 @@ class ManagedParam:
     # The reduced gradient shard, kept here between backward and step: in
     # stages 1-2 the shard tensor has no data outside step().
     grad_shard: torch.Tensor | None = None
+    # What attach() gives the parameter (rank 0's values; None: stage 3 keeps
+    # no whole copy), held only between shard() and attach().
+    initial: torch.Tensor | None = None
 
     @property
     def sharded(self) -> bool:
@@ -45,6 +48,12 @@ class ManagedParam:
 
 
 class ZeroEngine:
+    """Set up in three phases, so that zero.initialize can be all-or-nothing:
+    ``__init__`` checks (local, changes nothing), ``shard()`` computes every
+    rank's shards (collectives, changes nothing of the model), ``attach()``
+    commits (parameter data, hooks), recording how to undo each change until
+    ``commit()``; ``detach()`` undoes them."""
+
     def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes,
                  bucket_bytes, reduce_scatter="auto"):
         if stage not in (1, 2, 3):
@@ -68,38 +77,61 @@ class ZeroEngine:
         self.reuse_bytes = reuse_bytes
         self.bucket_bytes = bucket_bytes
         self.persistence_threshold = persistence_threshold
-        self.managed: list[ManagedParam] = []
+        self._trainable: list[tuple[str, torch.nn.Parameter]] = []
         seen: set[int] = set()
         for name, p in model.named_parameters():  # tied parameters appear once
             if id(p) in seen or not p.requires_grad:
                 continue
+            if p.device.type != "lazy":
+                raise ValueError(f"lazy_mlir.zero: parameter {name} is on {p.device}; move the model to 'lazy' first")
             seen.add(id(p))
-            self.managed.append(self._manage(name, p))
-        self.by_param = {id(m.param): m for m in self.managed}
+            self._trainable.append((name, p))
+        self.trainable_ids = frozenset(seen)
+        self.managed: list[ManagedParam] = []
+        self.by_param: dict[int, ManagedParam] = {}
         self._empty: dict[torch.dtype, torch.Tensor] = {}
-        for m in self.managed:
-            m.param.register_post_accumulate_grad_hook(self._grad_ready)
-        if stage == 3:
-            for m in self.managed:
-                if m.sharded:
-                    m.param.data = self._placeholder(m.param)
+        self._undo: list = []  # callables reverting attach()'s changes, in order
         self.pipeline: str | None = None  # set by zero.initialize
-        model.register_forward_pre_hook(self._begin_step)
 
     # ------------------------------------------------------------ set-up
+    def shard(self) -> None:
+        """Every rank's parameters from rank 0's values, and this rank's shards."""
+        self.managed = [self._manage(name, p) for name, p in self._trainable]
+        self.by_param = {id(m.param): m for m in self.managed}
+
+    def attach(self, model) -> None:
+        for m in self.managed:
+            p = m.param
+            self._undo.append(lambda p=p, data=p.data: setattr(p, "data", data))
+            if m.initial is not None:
+                p.data = m.initial
+                m.initial = None
+            self._undo.append(p.register_post_accumulate_grad_hook(self._grad_ready).remove)
+            if self.stage == 3 and m.sharded:
+                p.data = self._placeholder(p)
+        self._undo.append(model.register_forward_pre_hook(self._begin_step).remove)
+
+    def detach(self) -> None:
+        """Reverts attach(), last change first: the model as it was."""
+        while self._undo:
+            self._undo.pop()()
+
+    def commit(self) -> None:
+        self._undo.clear()  # it holds the parameters' old data
+
+    def owned_shape(self, m: ManagedParam) -> list[int]:
+        """Shape of the tensor the optimizer owns for ``m``: its flat shard, or the whole parameter."""
+        return [ops.shard_size(m.numel, self.world)] if m.sharded else list(m.shape)
+
     def _manage(self, name: str, p: torch.nn.Parameter) -> ManagedParam:
-        if p.device.type != "lazy":
-            raise ValueError(f"lazy_mlir.zero: parameter {name} is on {p.device}; move the model to 'lazy' first")
         shape, numel = list(p.shape), p.numel()
         full = self._broadcast(p)  # every rank starts from rank 0's values
         if numel <= self.persistence_threshold:
-            p.data = full.to(p.device)
-            return ManagedParam(name, p, shape, numel, None)
+            return ManagedParam(name, p, shape, numel, None, initial=full.to(p.device))
         size = ops.shard_size(numel, self.world)
         local = ops.flat_padded(full, self.world)[self.rank * size:(self.rank + 1) * size].clone()
-        if self.stage < 3:
-            p.data = full.to(p.device)
-        return ManagedParam(name, p, shape, numel, local.to(p.device))
+        return ManagedParam(name, p, shape, numel, local.to(p.device),
+                            initial=full.to(p.device) if self.stage < 3 else None)
 
     def _broadcast(self, p: torch.Tensor) -> torch.Tensor:
         full = p.detach().cpu().contiguous()
