@@ -1,7 +1,13 @@
 """One rank of a ZeRO test run (launched by tests/zero/test_zero.py under
 torchrun): trains a small GPT for a few AdamW steps on its slice of a fixed
 global batch and saves what the test compares with a single-process eager
-run: the global losses, the final full state, memory and graph counts."""
+run: the global losses, the final full state, memory and graph counts.
+
+With ``--resume-at K`` it also checkpoints after step K (full_state_dict and
+this rank's optimizer state, through torch.save), and once the run is over
+loads that checkpoint into a fresh, differently initialised model, sets it up
+with zero.initialize and trains steps K.. again: the resumed losses and final
+state are saved next to the uninterrupted ones."""
 from __future__ import annotations
 
 import argparse
@@ -32,24 +38,30 @@ def main() -> None:
     parser.add_argument("--bucket-bytes", type=int, default=4 << 20)
     parser.add_argument("--die-at-step", type=int, default=-1, help="the last rank exits at this step")
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--resume-at", type=int, default=-1, help="checkpoint after this many steps, resume from it")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     lazy_mlir.init(progress=False)
-    model = make_gpt(CONFIG).to("lazy")
-    model, optimizer = zero.initialize(model, make_adamw(model), stage=args.stage,
-                                       prefetch_bytes=args.prefetch_bytes,
-                                       persistence_threshold=args.persistence_threshold,
-                                       reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
-                                       bucket_bytes=args.bucket_bytes)
+    def setup(model):
+        model = model.to("lazy")
+        return zero.initialize(model, make_adamw(model), stage=args.stage, prefetch_bytes=args.prefetch_bytes,
+                               persistence_threshold=args.persistence_threshold, reuse_bytes=args.reuse_bytes,
+                               reduce_scatter=args.reduce_scatter, bucket_bytes=args.bucket_bytes)
+
+    model, optimizer = setup(make_gpt(CONFIG))
     rows = CONFIG.batch_size // world
+    batches = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
+               for x, y in gpt_batches(CONFIG, steps=args.steps)]
+    checkpoint = f"{args.out}.ckpt.rank{rank}"
     losses, memory = [], None
     lazy_mlir.metrics.reset()
-    for step, (x, y) in enumerate(gpt_batches(CONFIG, steps=args.steps)):
+    for step, (x, y) in enumerate(batches):
         if step == args.die_at_step and rank == world - 1:
             os._exit(3)  # a crashed rank: no clean shutdown
-        x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        if step == args.resume_at:
+            torch.save({"model": zero.full_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint)
         loss = model(x.to("lazy"), y.to("lazy"))
         loss.backward()
         optimizer.step()
@@ -59,15 +71,34 @@ def main() -> None:
         torch._lazy.mark_step()
         losses.append(loss.detach())  # read after the loop: reading now would run a graph
     snapshot = lazy_mlir.metrics.snapshot()
-    global_losses = torch.stack([loss.cpu() for loss in losses])
-    dist.all_reduce(global_losses)
-    state = zero.full_state_dict(model)
-    result = {"losses": global_losses / world, "state": state, "memory": memory,
+    result = {"losses": global_mean(losses), "state": zero.full_state_dict(model), "memory": memory,
               "metrics": {k: snapshot[k] for k in ("graph_executions", "mark_steps", "fallback_count",
                                                     "groups_fallen_back", "compiled_group_calls", "collective_bytes")},
               "time": time.time()}
+    if args.resume_at >= 0:
+        saved = torch.load(checkpoint)
+        fresh = make_gpt(CONFIG, seed=1)  # other initial weights: only the checkpoint can make it match
+        fresh.load_state_dict(saved["model"])
+        model, optimizer = setup(fresh)
+        optimizer.load_state_dict(saved["optimizer"])
+        resumed = []
+        for x, y in batches[args.resume_at:]:
+            loss = model(x.to("lazy"), y.to("lazy"))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            torch._lazy.mark_step()
+            resumed.append(loss.detach())
+        result.update(resumed_losses=global_mean(resumed), resumed_state=zero.full_state_dict(model))
     torch.save(result, f"{args.out}.rank{rank}")
     dist.destroy_process_group()
+
+
+def global_mean(losses: list[torch.Tensor]) -> torch.Tensor:
+    """Each step's loss averaged over the ranks: the loss of the global batch."""
+    total = torch.stack([loss.cpu() for loss in losses])
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
 
 
 if __name__ == "__main__":
