@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
+from .gloo_group import collective_group
 
 
 @dataclasses.dataclass
@@ -65,7 +66,7 @@ class ZeroEngine:
             raise RuntimeError("lazy_mlir.zero: call torch.distributed.init_process_group first (run under torchrun)")
         self.stage = stage
         self.group = process_group or dist.group.WORLD
-        self.group_name = self.group.group_name
+        self.group_name: str | None = None  # set by shard(): creating it is a collective
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
         # gloo runs reduce_scatter_tensor as an all-reduce (twice the bytes)
@@ -96,6 +97,8 @@ class ZeroEngine:
     # ------------------------------------------------------------ set-up
     def shard(self) -> None:
         """Every rank's parameters from rank 0's values, and this rank's shards."""
+        # the group the traced collectives name: gloo_group says why not always this one
+        self.group_name = collective_group(self.group).group_name
         self.managed = [self._manage(name, p) for name, p in self._trainable]
         self.by_param = {id(m.param): m for m in self.managed}
 

@@ -1,0 +1,49 @@
+"""The process group a ZeRO step's collectives run on.
+
+gloo runs a group's asynchronous collectives on a pool of worker threads (2
+by default), so two collectives can be in flight in gloo at once. A compiled
+ZeRO step keeps many in flight (every gather is issued ahead of its use), and
+two of them running concurrently race inside gloo: AddressSanitizer caught
+a double free between the two worker threads of one ProcessGroupGloo (one in
+``gloo::transport::Context::LazyTally::~LazyTally``, the other in
+``ProcessGroupGloo::runLoop``), seen without ASAN as ``malloc(): unaligned
+tcache chunk detected`` or a segfault in roughly one 3-rank run in five
+(tools/zero_soak.py). On gloo the traced collectives therefore run on a
+group of the same ranks with one worker thread: still asynchronous to the
+step's compute, never concurrent with each other. NCCL groups are used as is.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+BACKEND = "lazy_mlir_gloo"  # gloo with a single worker thread
+
+
+def _create_serial_gloo(store, rank: int, size: int, timeout: datetime.timedelta):
+    options = dist.ProcessGroupGloo._Options()
+    options._threads = 1
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+def _register_backend() -> None:
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, _create_serial_gloo, devices=["cpu"])
+
+
+def collective_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """``group`` itself, or for a gloo group whose backend runs collectives on
+    more than one thread, a new single-thread gloo group of the same ranks and
+    timeout. Collective over ``group``'s ranks: every member must call it."""
+    if dist.get_backend(group) != "gloo":
+        return group
+    gloo = group._get_backend(torch.device("cpu"))
+    if gloo.options._threads <= 1:
+        return group
+    _register_backend()
+    return dist.new_group(ranks=dist.get_process_group_ranks(group), backend=BACKEND,
+                          timeout=gloo.options._timeout, use_local_synchronization=True)

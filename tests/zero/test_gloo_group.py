@@ -1,0 +1,37 @@
+"""The traced ZeRO collectives run on a single-thread gloo group (two gloo
+worker threads with collectives in flight race: see zero/gloo_group.py)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from lazy_mlir.zero.gloo_group import collective_group
+
+
+def _threads(group) -> int:
+    return group._get_backend(torch.device("cpu")).options._threads
+
+
+def test_gloo_group_gets_a_single_thread_twin(gloo_world):
+    assert _threads(gloo_world) == 2  # gloo's default: the case that races
+    serial = collective_group(gloo_world)
+    assert serial is not gloo_world and _threads(serial) == 1
+    assert dist.get_process_group_ranks(serial) == dist.get_process_group_ranks(gloo_world)
+    assert serial._get_backend(torch.device("cpu")).options._timeout == \
+        gloo_world._get_backend(torch.device("cpu")).options._timeout
+    assert collective_group(serial) is serial  # already serial: used as is
+    c10d = torch.ops._c10d_functional  # the traced collectives resolve it by name
+    out = c10d.wait_tensor(c10d.all_gather_into_tensor(torch.arange(3.0), 1, serial.group_name))
+    torch.testing.assert_close(out, torch.arange(3.0))
+
+
+def test_engine_traces_collectives_on_the_serial_group(gloo_world):
+    import lazy_mlir
+    import lazy_mlir.zero as zero
+    from lazy_mlir.models import GPTConfig, make_adamw, make_gpt
+
+    lazy_mlir.init(progress=False)
+    model = make_gpt(GPTConfig(n_layer=1, n_head=2, n_embd=36, vocab_size=50, block_size=8, batch_size=2))
+    model, _ = zero.initialize(model.to("lazy"), make_adamw(model), stage=1)
+    engine = model._lazy_mlir_zero
+    assert _threads(dist.distributed_c10d._resolve_process_group(engine.group_name)) == 1
