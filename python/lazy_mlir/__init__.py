@@ -2,7 +2,8 @@
 
     import lazy_mlir, torch
     lazy_mlir.init()                      # level="O1" by default
-    model = Model().to("lazy")
+    model = Model().to("lazy"); opt = torch.optim.AdamW(model.parameters())
+    lazy_mlir.prepare(model, opt)         # optional: the first step compiles the steady-state graph
     for x, y in data:
         loss = model(x.to("lazy"), y.to("lazy")); loss.backward()
         opt.step(); opt.zero_grad()
@@ -16,9 +17,10 @@ import torch._lazy.ts_backend
 
 from . import compilable, config, dump, group_compiler, lazy_kernels, metrics, module_ties, step_errors, syncs
 from . import _C
+from .steady_state import prepare
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
-__all__ = ["init", "metrics", "config", "zero"]
+__all__ = ["init", "prepare", "metrics", "config", "zero"]
 
 _ts_initialized = False
 
