@@ -1,8 +1,19 @@
 """Fixtures: lazy_mlir initialised at a level, with clean metrics."""
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 
-import lazy_mlir
-from lazy_mlir import metrics
+# The suite neither reads nor fills the user's compile cache: one folder per
+# session (subprocesses inherit it), set before lazy_mlir reads its config.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="lazy_mlir_test_cache_")
+os.environ["LAZY_MLIR_CACHE_DIR"] = _SESSION_CACHE
+atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+
+import lazy_mlir  # noqa: E402
+from lazy_mlir import metrics  # noqa: E402
 
 
 @pytest.fixture

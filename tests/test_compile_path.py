@@ -93,9 +93,18 @@ def test_compiles_report_progress(lazy_level, capsys):
 
 def test_inductor_compiles_through_its_fx_graph_cache(lazy_level):
     """The converter's FakeTensorMode carries a ShapeEnv; without one Inductor
-    bypasses its FX graph cache ("No shape env": a warm compile 40 s, not 5 s)."""
+    bypasses its FX graph cache ("No shape env": a warm compile 40 s, not 5 s).
+    With lazy_mlir's cache on, groups compile through standalone_compile,
+    whose bundled AOTAutograd cache entry holds the FX graph's code."""
     from torch._dynamo.utils import counters
-    counters["inductor"].clear()
-    train(make_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.03), mlp_batches(1, batch=23), LAZY)
-    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
-    assert counters["inductor"]["fxgraph_cache_hit"] + counters["inductor"]["fxgraph_cache_miss"] >= 1
+    for cache_inductor in (False, True):
+        lazy_mlir.init("O1", cache_inductor=cache_inductor)
+        counters["inductor"].clear()
+        counters["aot_autograd"].clear()
+        train(make_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.03), mlp_batches(1, batch=23 + cache_inductor),
+              LAZY)
+        assert counters["inductor"]["fxgraph_cache_bypass"] == counters["aot_autograd"]["autograd_cache_bypass"] == 0
+        looked_up = counters["aot_autograd"]["autograd_cache_hit"] + counters["aot_autograd"]["autograd_cache_miss"]
+        assert looked_up >= 1
+        if not cache_inductor:
+            assert counters["inductor"]["fxgraph_cache_hit"] + counters["inductor"]["fxgraph_cache_miss"] >= 1

@@ -1,35 +1,111 @@
-"""In-memory cache of lowered groups across graphs and configurations.
+"""Lowered groups across graphs, configurations and processes.
 
 LTC already compiles a graph once per graph hash; this cache serves the same
-group again when LTC hands it over anew (another graph containing it, a
-return to an earlier configuration): key = (group graph text, input
-signature, configuration key, guard values).
+group again when LTC hands it over anew (another graph containing it, the
+same code traced from another line, a return to an earlier configuration)
+and, through a folder on disk (``Config.cache``, on by default), in the next
+process. Keys come from ``group_key``; a group whose code depends on the
+value of a scalar input (``LoweredGroup.guards``) has one variant per value.
+
+On disk, the entry at a key holds the variant itself, or, for a guarded
+group, only the positions of the guarded inputs: the variant then lives at
+a key derived from their values. A payload that is not what we wrote (a
+pickle error, a wrong key) is removed with a warning and rebuilt, like one
+whose checksum fails.
 """
 from __future__ import annotations
 
 import hashlib
+import pickle
+import warnings
 
 import torch
 
-from . import metrics
+from . import config, metrics
+from .disk_cache import DiskCache
+from .group_lowering import LoweredGroup, load_group
 
-_entries: dict[tuple, list] = {}  # key -> LoweredGroups differing in guard values
-
-
-def group_key(graph: torch._C.Graph, inputs: list[torch.Tensor], config_key: str) -> tuple:
-    text = hashlib.sha256(str(graph).encode()).hexdigest()
-    signature = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type) for t in inputs)
-    return text, signature, config_key
+_entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
 
 
-def lookup(key: tuple, inputs: list[torch.Tensor]):
+def _disk(cfg: config.Config) -> DiskCache | None:
+    if not cfg.cache:
+        return None
+    return DiskCache(cfg.cache_dir, cfg.cache_max_mb << 20)
+
+
+def _variant_key(key: str, values: tuple) -> str:
+    return hashlib.sha256(f"{key}|{values!r}".encode()).hexdigest()
+
+
+def _guard_values(inputs: list[torch.Tensor], positions) -> tuple:
+    return tuple(inputs[i].item() for i in positions)
+
+
+def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
+    """A variant whose guards hold for ``inputs``: from memory, else from disk
+    (counted as "hit", "disk_hit"); None (a "miss") when it must be compiled."""
     for lowered in _entries.get(key, ()):
         if all(inputs[i].item() == v for i, v in lowered.guards):
             metrics.count_cache("hit")
             return lowered
+    disk = _disk(cfg)
+    lowered = _load(disk, key, inputs, name) if disk is not None else None
+    if lowered is not None:
+        _entries.setdefault(key, []).append(lowered)
+        metrics.count_cache("disk_hit")
+        return lowered
     metrics.count_cache("miss")
     return None
 
 
-def store(key: tuple, lowered) -> None:
+def _read(disk: DiskCache, key: str) -> dict | None:
+    payload = disk.read(key)
+    if payload is None:
+        return None
+    try:
+        entry = pickle.loads(payload)
+        if entry.get("key") != key:
+            raise ValueError("entry written for another key")
+    except Exception as exc:  # noqa: BLE001 - anything unreadable is rebuilt
+        disk.discard(key, f"{type(exc).__name__}: {exc}")
+        return None
+    return entry
+
+
+def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> LoweredGroup | None:
+    entry = _read(disk, key)
+    if entry is not None and entry["guarded_inputs"]:
+        key = _variant_key(key, _guard_values(inputs, entry["guarded_inputs"]))
+        entry = _read(disk, key)
+    if entry is None:
+        return None
+    try:
+        return load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name)
+    except Exception as exc:  # noqa: BLE001 - a stale or broken entry: compile instead
+        disk.discard(key, f"cannot be loaded: {type(exc).__name__}: {exc}")
+        return None
+
+
+def store(key: str, lowered: LoweredGroup, cfg: config.Config) -> None:
     _entries.setdefault(key, []).append(lowered)
+    artifacts, lowered.artifacts = lowered.artifacts, None  # on disk from now on, not in memory
+    disk = _disk(cfg)
+    if disk is None or artifacts is None:
+        return
+    positions = [i for i, _ in lowered.guards]
+    entry = {"key": key, "guarded_inputs": positions, "guards": lowered.guards,
+             "collective_bytes": lowered.collective_bytes, "artifacts": artifacts}
+    try:
+        if positions:
+            variant = _variant_key(key, tuple(v for _, v in lowered.guards))
+            disk.write(variant, pickle.dumps({**entry, "key": variant}))
+            entry = {"key": key, "guarded_inputs": positions}
+        disk.write(key, pickle.dumps(entry))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        warnings.warn(f"lazy_mlir: cannot store a compiled group in the cache ({exc})", RuntimeWarning, stacklevel=2)
+
+
+def clear_memory() -> None:
+    """Forgets the in-memory variants (tests: the next lookup goes to disk)."""
+    _entries.clear()

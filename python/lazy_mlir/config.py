@@ -30,9 +30,24 @@ class Config:
     # At O2, an op that would run eagerly is an "error" naming the op and the
     # source line, or only a "warn"ing (the op then runs on the CPU).
     o2_fallback: str = "error"
+    # The persistent compile cache (see compile_cache): on unless LAZY_MLIR_CACHE=0;
+    # its folder (LAZY_MLIR_CACHE_DIR, else $XDG_CACHE_HOME/lazy_mlir or
+    # ~/.cache/lazy_mlir) and its size bound (LAZY_MLIR_CACHE_MAX_MB, LRU).
+    cache: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CACHE", True))
+    cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_CACHE_DIR") or _default_cache_dir())
+    cache_max_mb: int = dataclasses.field(default_factory=lambda: int(os.environ.get("LAZY_MLIR_CACHE_MAX_MB", "2048")))
+    # Also store Inductor's compiled artefact (else only the exported FX graph,
+    # which Inductor's own cache compiles again in the next process).
+    cache_inductor: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CACHE_INDUCTOR", True))
+    # Warn when one group (its ops and source lines) has compiled more variants than this.
+    recompile_limit: int = 8
+    # Comma-separated log topics for stderr; "recompiles" explains each compile
+    # after a group's first as it happens. LAZY_MLIR_LOG sets it.
+    log: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_LOG", ""))
 
     # Fields that do not change compiled code (so not part of key()).
-    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback")
+    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
+                   "cache_max_mb", "cache_inductor", "recompile_limit", "log")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
@@ -55,8 +70,25 @@ class Config:
             raise ValueError(f"lazy_mlir: o2_fallback must be 'error' or 'warn', got {self.o2_fallback!r}")
         if self.codegen not in CODEGENS:
             raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
+        if self.cache_max_mb <= 0:
+            raise ValueError(f"lazy_mlir: cache_max_mb must be positive, got {self.cache_max_mb!r}")
         import mlir_passes
         mlir_passes.parse_pipeline(self.pipeline)  # unknown passes fail here, not at first compile
+
+    def logs(self, topic: str) -> bool:
+        return topic in {t.strip() for t in self.log.split(",")}
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "off", "no")
+
+
+def _default_cache_dir() -> str:
+    from .disk_cache import default_dir
+    return default_dir()
 
 
 current = Config()

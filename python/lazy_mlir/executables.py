@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import compile_cache, config, metrics
+from . import compile_cache, config, group_key, metrics, recompiles
 from .group_lowering import lower_group
 
 
@@ -92,7 +92,8 @@ class GroupExecutable:
         self.describe = describe  # the group's ops and source lines, for messages
         self.cache_key = None
         self.layout = None  # TensorGuards of the inputs the current code was compiled for
-        self._layouts: list[tuple[TensorGuards, tuple]] = []  # (guard, cache key) per layout seen
+        self._layouts: list[tuple[TensorGuards, str]] = []  # (guard, cache key) per layout seen
+        self._family = None  # group_key.family(graph), computed at the first compile
         self._run = self._for_layout
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -106,7 +107,7 @@ class GroupExecutable:
             if guard.check(*inputs):
                 break
         else:
-            guard, key = layout_guard(inputs), compile_cache.group_key(self.graph, inputs, self.cfg.key())
+            guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key())
             self._layouts.append((guard, key))
         self.layout, self.cache_key = guard, key
         self._use(self._lowered_for(inputs))
@@ -145,9 +146,22 @@ class GroupExecutable:
         return self.lowered.run(inputs)
 
     def _lowered_for(self, inputs):
-        lowered = compile_cache.lookup(self.cache_key, inputs)
-        if lowered is not None:
-            return lowered
+        if self._family is None:
+            self._family = group_key.family(self.graph)
+        # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
+        lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg)
+        if lowered is None:
+            recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
+                                      self.cfg.key())
+            lowered = self._compile(inputs)
+            if lowered is None:
+                return None
+            compile_cache.store(self.cache_key, lowered, self.cfg)
+        recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe, self.cfg,
+                               self.cfg.key())
+        return lowered
+
+    def _compile(self, inputs):
         start = time.perf_counter()
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
@@ -163,5 +177,4 @@ class GroupExecutable:
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-        compile_cache.store(self.cache_key, lowered)
         return lowered

@@ -6,15 +6,24 @@
 Every compiled group really goes through MLIR: the code generator's input is
 exported from the module after the passes. Each stage is timed into the
 metrics and, with ``Config.dump_dir``, dumped per group.
+
+With the persistent cache on, the group also keeps what another process
+needs to skip these stages (``LoweredGroup.artifacts``: the exported FX
+graph, pickled, and Inductor's compiled artefact, which skips code
+generation too); ``load_group`` rebuilds the executable from them.
 """
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import struct
 import time
+import warnings
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import mlir_passes
 from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
@@ -32,6 +41,10 @@ class LoweredGroup:
     guards: list[tuple[int, object]]  # (input index, value) baked into the code
     # Bytes each run moves through collectives, by kind ("all_gather": ...).
     collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # For the persistent cache: {"graph": pickled exported GraphModule,
+    # "inductor": artefact bytes or None}; None when it cannot be stored
+    # (mlir-llvm code). compile_cache drops them once written.
+    artifacts: dict | None = None
 
 
 class _Stage:
@@ -75,10 +88,51 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     with _Stage("mlir_to_fx"):
         gm = export_graph(module, "group", fake_mode=fake_mode)
     dump.write(name, "4.export.fx.txt", gm.code)
+    moved = _collective_bytes(gm)
+    artifacts = _cache_artifacts(gm) if cfg.cache else None  # before Inductor changes gm
+    if artifacts is not None and not cfg.cache_inductor:
+        # Inductor's own cache keys on the graph as given: compile the form a
+        # later process unpickles, so that its compile hits that cache.
+        gm = pickle.loads(artifacts["graph"])
     with _Stage("codegen"):  # Inductor: the default, and mlir-llvm's unsupported groups
-        run, code = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
+        run, code, artefact = inductor.compile_graph(gm, fake_inputs, fake_mode, name,
+                                                     serializable=cfg.cache and cfg.cache_inductor)
+    if artifacts is not None:
+        artifacts["inductor"] = artefact
     dump.write(name, "5.generated.py", code)
-    return LoweredGroup(run, guards, _collective_bytes(gm))
+    return LoweredGroup(run, guards, moved, artifacts)
+
+
+def _cache_artifacts(gm: torch.fx.GraphModule) -> dict | None:
+    try:
+        return {"graph": pickle.dumps(gm), "inductor": None}
+    except Exception as exc:  # noqa: BLE001 - an unpicklable constant costs the cache entry, not the step
+        warnings.warn(f"lazy_mlir: a group cannot be stored in the compile cache ({type(exc).__name__}: {exc})",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def load_group(artifacts: dict, guards: list, collective_bytes: dict, inputs: list, name: str) -> LoweredGroup:
+    """The executable of a group lowered before (in this or another process):
+    Inductor's artefact when there is one, else the exported FX graph compiled
+    again (Inductor's own cache makes that cheap). Raises when neither works."""
+    run = None
+    if artifacts.get("inductor") is not None:
+        with _Stage("cache_load"):
+            try:
+                run = inductor.load_artefact(artifacts["inductor"])
+            except Exception:  # noqa: BLE001 - e.g. Inductor's format changed: the FX graph still serves
+                run = None
+                metrics.count_cache("artefact_unusable")
+    if run is None:
+        with _Stage("cache_load"):
+            gm = pickle.loads(artifacts["graph"])
+            # Fresh fakes of the real inputs (shapes, strides, dtypes), as ts_to_fx makes them.
+            fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+            fake_inputs = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+        with _Stage("codegen"):
+            run, _, _ = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
+    return LoweredGroup(run, list(guards), dict(collective_bytes))
 
 
 # functional collective -> (kind, argument whose size is moved (None: the

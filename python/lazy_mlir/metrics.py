@@ -22,7 +22,9 @@ _failure_reasons: dict[str, str] = {}  # group name -> why it runs in TorchScrip
 _fallen_back: dict[str, str] = {}      # groups that failed or ran in TorchScript since reset -> why
 _fallback_group_calls = 0              # runs of such groups since reset
 _stage_seconds: collections.Counter = collections.Counter()
-_group_cache: collections.Counter = collections.Counter()  # "hit" / "miss"
+_stage_runs: collections.Counter = collections.Counter()  # how often each stage ran
+_group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss"
+_recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
 
 # LTC counters that are syncs the user asked for, not fallbacks.
@@ -57,6 +59,13 @@ def record_group(name: str, num_ops: int) -> None:
 def record_stage(stage: str, seconds: float) -> None:
     with _lock:
         _stage_seconds[stage] += seconds
+        _stage_runs[stage] += 1
+
+
+def record_recompile(record: dict) -> None:
+    """A compile after a group's first: group, ops, step_source, previous, changes."""
+    with _lock:
+        _recompiles.append(record)
 
 
 def count_cache(outcome: str) -> None:
@@ -111,7 +120,9 @@ def snapshot() -> dict:
         fallback_sources = dict(_fallback_sources)
         syncs = dict(_syncs)
         stages = dict(_stage_seconds)
+        stage_runs = dict(_stage_runs)
         group_cache = dict(_group_cache)
+        recompiles = [dict(r) for r in _recompiles]
     mark_steps = _ltc_counter("MarkStep")
     uncached, cached = _ltc_counter("UncachedCompile"), _ltc_counter("CachedCompile")
     return {
@@ -138,7 +149,10 @@ def snapshot() -> dict:
         "groups_fallen_back": fallen_back,
         "collective_bytes": collective_bytes(),
         "group_cache_hits": group_cache.get("hit", 0),
+        "group_cache_disk_hits": group_cache.get("disk_hit", 0),
         "group_cache_misses": group_cache.get("miss", 0),
+        "stage_runs": stage_runs,
+        "recompiles": recompiles,
         "seconds": {
             "compile": stats["compile_ns"] / 1e9,
             "group_build": sum(stages.values()),
@@ -162,7 +176,9 @@ def reset() -> None:
         _fallen_back.clear()
         _fallback_group_calls = 0
         _stage_seconds.clear()
+        _stage_runs.clear()
         _group_cache.clear()
+        _recompiles.clear()
         _collective_bytes.clear()
 
 
@@ -177,7 +193,8 @@ def report() -> str:
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
         f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code)",
         f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
-        f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_misses']} misses",
+        f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_disk_hits']} from disk, "
+        f"{s['group_cache_misses']} misses",
     ]
     if s["groups_per_graph"]:
         per = ", ".join(f"{g}: {n}" for g, n in sorted(s["groups_per_graph"].items()))
@@ -193,5 +210,10 @@ def report() -> str:
             lines.append(f"    {n} x {where}")
     for name, why in s["groups_fallen_back"].items():
         lines.append(f"  fell back {name}: {why}")
+    if s["recompiles"]:
+        from .recompiles import format_record
+        lines.append(f"  recompiles           {len(s['recompiles'])}")
+        for record in s["recompiles"]:
+            lines.append(f"    {format_record(record)}")
     lines.append("  seconds              " + ", ".join(f"{k} {v:.3f}" for k, v in s["seconds"].items()))
     return "\n".join(lines)

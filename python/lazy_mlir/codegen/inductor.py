@@ -3,7 +3,10 @@
 The graph is compiled with the converter's fake tensors under a
 TracingContext of the same FakeTensorMode: Inductor then takes its FX-graph
 and AOT caches (a warm compile ~2 s instead of ~20 s); compiling on real
-tensors bypasses them ("No shape env").
+tensors bypasses them ("No shape env"). With ``serializable`` it compiles
+through ``standalone_compile(aot=True)``, whose artefact (the generated code
+with AOTAutograd's wrappers) is bytes another process loads without
+tracing or compiling the graph again.
 """
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
-def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode, name: str):
-    """Returns (callable list[Tensor] -> list[Tensor], generated source).
-    ``fake_inputs`` carry the real inputs' shapes, dtypes and strides."""
+def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode, name: str,
+                  serializable: bool = False):
+    """Returns (callable list[Tensor] -> list[Tensor], generated source,
+    artefact bytes or None). ``fake_inputs`` carry the real inputs' shapes,
+    dtypes and strides."""
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.compile_fx import compile_fx
 
@@ -27,9 +32,14 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     # each gather just before its wait, and pulls optimizer updates into
     # backward, serializing every collective).
     options = {"reorder_for_peak_memory": False} if planned else {}
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), torch.no_grad(), \
-            torch._inductor.config.patch(options):
-        compiled = compile_fx(gm, fake_inputs)
+    compiled = artefact = None
+    if serializable:
+        compiled = _standalone(gm, fake_inputs, fake_mode, options)
+        artefact = _serialize(compiled) if compiled is not None else None
+    if compiled is None:  # not serializable, or standalone_compile refused the graph
+        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), torch.no_grad(), \
+                torch._inductor.config.patch(options):
+            compiled = compile_fx(gm, fake_inputs)
     new_modules = [m for m in PyCodeCache.modules if m not in loaded_before]
     code = "\n\n".join(_source_of(m) for m in new_modules)
     # The zero passes chose when each collective starts: Inductor keeps that
@@ -43,7 +53,37 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(compiled(*inputs))
 
-    return run, code
+    return run, code, artefact
+
+
+def _standalone(gm, fake_inputs, fake_mode, options):
+    from torch._inductor.standalone_compile import standalone_compile
+    try:
+        with torch.no_grad():
+            return standalone_compile(gm, fake_inputs, dynamic_shapes="from_example_inputs", fake_mode=fake_mode,
+                                      options={"config_patches": options}, aot=True)
+    except Exception:  # noqa: BLE001 - compile_fx gets its turn; its errors are the ones reported
+        return None
+
+
+def _serialize(compiled) -> bytes | None:
+    try:
+        return compiled.serialize()
+    except Exception:  # noqa: BLE001 - the cache keeps the FX graph alone
+        return None
+
+
+def load_artefact(artefact: bytes):
+    """A callable list[Tensor] -> list[Tensor] from ``compile_graph``'s artefact
+    (kernels Inductor's own cache no longer holds are compiled again)."""
+    from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+    compiled = AOTCompiledArtifact.deserialize(artefact)
+
+    def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(compiled(*inputs))
+
+    return run
 
 
 _COLLECTIVE_CALL = re.compile(r"^[^#\n]*torch\.ops\._c10d_functional\.(all_gather_into_tensor|reduce_scatter_tensor|"
