@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMPS := .stamps
 CXX_SOURCES := $(wildcard lazy_backend/*.cpp lazy_backend/*.h runtime/*.cpp runtime/*.h)
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean asan asan-soak asan-test
 demo: $(STAMPS)/install
 	$(BIN)/python examples/train_gpt.py
 
@@ -26,6 +26,26 @@ $(STAMPS)/deps: requirements.txt
 $(STAMPS)/install: $(STAMPS)/deps pyproject.toml CMakeLists.txt $(CXX_SOURCES)
 	$(BIN)/python -m pip install -q --no-build-isolation --no-deps -e .
 	@touch $@
+
+# AddressSanitizer: the extension built instrumented into build/asan and
+# copied over the installed one (the next `make setup`, `test` or `demo`
+# reinstalls the normal build), libasan and libstdc++ preloaded into Python
+# so torch's and gloo's frees are checked too (double and invalid frees).
+ASAN_RUN := LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0:halt_on_error=1
+RUNS ?= 50
+asan: $(STAMPS)/install
+	cmake -S . -B build/asan -DPython_EXECUTABLE=$(abspath $(BIN)/python) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DCMAKE_CXX_FLAGS="-fsanitize=address -fno-omit-frame-pointer" -DCMAKE_MODULE_LINKER_FLAGS=-fsanitize=address
+	cmake --build build/asan -j2
+	cp build/asan/_C*.so "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/lazy_mlir/"
+	rm -f $(STAMPS)/install
+
+asan-soak: asan
+	$(ASAN_RUN) $(BIN)/python tools/zero_soak.py --runs $(RUNS)
+
+asan-test: asan
+	$(ASAN_RUN) $(BIN)/python -m pytest -q -p no:logging tests
 
 clean:
 	rm -rf build $(STAMPS)
