@@ -148,11 +148,18 @@ class DiskCache:
             total -= size
 
     def size(self) -> int:
+        total = 0
         try:
             with os.scandir(self.directory) as it:
-                return sum(e.stat().st_size for e in it if e.name.endswith(SUFFIX))
+                for e in it:
+                    if e.name.endswith(SUFFIX):
+                        try:
+                            total += e.stat().st_size
+                        except OSError:
+                            pass  # trimmed by another process meanwhile
         except OSError:
-            return 0
+            pass
+        return total
 
 
 def _remove_quietly(path: str) -> None:
