@@ -35,3 +35,18 @@ def gloo_world(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'gloo_store'}", rank=0, world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def lowerings(monkeypatch):
+    """Names of the groups really lowered (cache misses that compile)."""
+    from lazy_mlir import executables, group_lowering
+
+    calls = []
+
+    def counting(graph, inputs, name, cfg):
+        calls.append(name)
+        return group_lowering.lower_group(graph, inputs, name, cfg)
+
+    monkeypatch.setattr(executables, "lower_group", counting)
+    return calls

@@ -12,22 +12,9 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import compilable, compile_cache, config, executables, group_compiler, group_key, group_lowering, metrics
+from lazy_mlir import compilable, compile_cache, config, group_compiler, group_key, metrics
 from lazy_mlir.disk_cache import SUFFIX, CorruptEntry, DiskCache, decode, encode
 from helpers import LAZY
-
-
-@pytest.fixture
-def lowerings(monkeypatch):
-    """Names of the groups really lowered (cache misses)."""
-    calls = []
-
-    def counting(graph, inputs, name, cfg):
-        calls.append(name)
-        return group_lowering.lower_group(graph, inputs, name, cfg)
-
-    monkeypatch.setattr(executables, "lower_group", counting)
-    return calls
 
 
 def _hand_groups_over_again(**options):

@@ -11,19 +11,6 @@ def fn(x):
     return (x * 2 + 1).relu() - x.sum(1, keepdim=True)
 
 
-@pytest.fixture
-def lowerings(monkeypatch):
-    """Counts the groups actually lowered (cache misses that compile)."""
-    calls = []
-
-    def counting(graph, inputs, name, cfg):
-        calls.append(name)
-        return group_lowering.lower_group(graph, inputs, name, cfg)
-
-    monkeypatch.setattr(executables, "lower_group", counting)
-    return calls
-
-
 def run_lazy(x):
     y = fn(x.to(LAZY))
     torch._lazy.mark_step()
