@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import os
+
 import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
@@ -22,23 +24,20 @@ from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as th
 
 __all__ = ["init", "prepare", "metrics", "config", "zero"]
 
-_ts_initialized = False
-
 
 def init(level: str = "O1", **options) -> config.Config:
     """Install the lazy_mlir backend for ``torch.device("lazy")``.
 
     Can be called again to change the level or options; returns the config.
+    ``device="cuda"`` backs the lazy device with the GPU ("cuda" is the default
+    when torch sees one); the first call fixes the device for the process.
     """
-    global _ts_initialized
     cfg = config.Config(level=level, **options)
     cfg.validate()
     if cfg.dump_dir:  # a bad directory is an error here, not a surprise at the first compile
         dump.check_dir(cfg.dump_dir, "dump_dir" if "dump_dir" in options else "LAZY_MLIR_DUMP_DIR")
+    _init_ts_backend(cfg.device)  # the TS backend must exist before we wrap it
     config.current = cfg
-    if not _ts_initialized:
-        torch._lazy.ts_backend.init()  # the TS backend must exist before we wrap it
-        _ts_initialized = True
     _C.install_source_locations(list(syncs.INTERNAL_DIRS))  # traced ops record the user's frame
     _C.set_ltc_ir_debug(cfg.source_lines)  # LTC records frames per traced op only in IR-debug mode
     lazy_kernels.install()
@@ -48,3 +47,28 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg
+
+
+def _init_ts_backend(device: str) -> None:
+    """The TorchScript backend on ``device``. It reads LTC_TS_CUDA once, when
+    it is created (its mere presence selects CUDA), and cannot be created twice."""
+    if _backing_device() is None:
+        if device == "cuda":
+            os.environ["LTC_TS_CUDA"] = "1"
+        else:
+            os.environ.pop("LTC_TS_CUDA", None)
+        torch._lazy.ts_backend.init()
+    backing = _backing_device()
+    if backing != device:
+        raise RuntimeError(f"lazy_mlir.init(device={device!r}): the lazy device of this process is already backed "
+                           f"by {backing} (the TorchScript backend fixes it when first initialised, by an earlier "
+                           "init() or by torch._lazy.ts_backend.init() as LTC_TS_CUDA said); "
+                           f"use device={backing!r} or a new process")
+
+
+def _backing_device() -> str | None:
+    """"cpu" or "cuda" behind the lazy device; None before any backend exists."""
+    try:
+        return torch._C._lazy._get_default_device_type().lower()
+    except RuntimeError:  # "Lazy tensor backend not registered."
+        return None

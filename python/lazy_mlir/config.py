@@ -4,8 +4,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import torch
+
 LEVELS = {"O0": 0, "O1": 1, "O2": 2}
 CODEGENS = ("inductor", "mlir-llvm")
+DEVICES = ("cpu", "cuda")
 
 
 @dataclasses.dataclass
@@ -13,10 +16,13 @@ class Config:
     # O0: TorchScript runs everything (the reference); O1: fusion groups of
     # compilable ops (default); O2: the whole step as one group, or an error.
     level: str = "O1"
+    # The device behind torch.device("lazy"): "cpu" or "cuda"; LAZY_MLIR_DEVICE
+    # sets it, else "cuda" when torch sees a GPU. Fixed for the process at the first init().
+    device: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DEVICE") or _default_device())
     # Where per-group IR dumps go (None: no dumps). LAZY_MLIR_DUMP_DIR sets it.
     dump_dir: str | None = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DUMP_DIR"))
     # Kernel generator for compiled groups: "inductor" (C++ on CPU, Triton on GPU), or
-    # "mlir-llvm" (MLIR's loops through LLVM; groups it cannot lower use Inductor).
+    # "mlir-llvm" (MLIR's loops through LLVM, CPU only; groups it cannot lower use Inductor).
     codegen: str = "inductor"
     # MLIR pass pipeline run on every group (see mlir_passes); None: the default.
     pipeline: str | None = None
@@ -68,6 +74,13 @@ class Config:
             raise ValueError(f"lazy_mlir: level must be one of {sorted(LEVELS)}, got {self.level!r}")
         if self.o2_fallback not in ("error", "warn"):
             raise ValueError(f"lazy_mlir: o2_fallback must be 'error' or 'warn', got {self.o2_fallback!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"lazy_mlir: device must be one of {DEVICES}, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no GPU"
+            raise RuntimeError(f"lazy_mlir: device='cuda', but {why} (torch.cuda.is_available() is False); "
+                               "use device='cpu', or set up on a machine with an NVIDIA GPU (make setup "
+                               "installs the CUDA build of torch there)")
         if self.codegen not in CODEGENS:
             raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
         if self.cache_max_mb <= 0:
@@ -84,6 +97,10 @@ def _env_flag(name: str, default: bool) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() not in ("0", "false", "off", "no")
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _default_cache_dir() -> str:

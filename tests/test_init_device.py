@@ -1,0 +1,75 @@
+"""init(device=...): which device backs torch.device("lazy"). The TorchScript
+backend reads LTC_TS_CUDA once, when it is created, so a fresh process shows
+what init() set; in this process the device is already fixed (CPU here)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import lazy_mlir
+from lazy_mlir import config
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+
+
+def run_fresh(script: str, **env) -> str:
+    """Runs ``script`` in a new Python process; returns its last stdout line."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+@no_gpu
+def test_cuda_without_a_gpu_is_a_clear_error(lazy_level):
+    before = config.current
+    with pytest.raises(RuntimeError, match=r"device='cuda', but this torch is a CPU build .*use device='cpu'"):
+        lazy_mlir.init(device="cuda")
+    assert config.current is before
+
+
+def test_unknown_device_is_refused(lazy_level):
+    with pytest.raises(ValueError, match=r"device must be one of \('cpu', 'cuda'\), got 'tpu'"):
+        lazy_mlir.init(device="tpu")
+
+
+@no_gpu
+def test_the_default_here_is_the_cpu(lazy_level):
+    assert config.Config().device == "cpu" and config.current.device == "cpu"
+    assert torch._C._lazy._get_default_device_type() == "CPU"
+
+
+def test_another_device_in_the_same_process_is_refused(lazy_level, monkeypatch):
+    backing = config.current.device
+    other = "cuda" if backing == "cpu" else "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # passes validation without a GPU
+    before = config.current
+    with pytest.raises(RuntimeError, match=f"already backed by {backing}.*use device='{backing}' or a new process"):
+        lazy_mlir.init(device=other)
+    assert config.current is before
+
+
+def test_init_cuda_sets_the_ts_backend_switch_first():
+    # Pretends a GPU is there: the backend is created for CUDA without touching one.
+    line = run_fresh("""
+        import os, torch
+        torch.cuda.is_available = lambda: True
+        import lazy_mlir
+        cfg = lazy_mlir.init(device="cuda")
+        print(torch._C._lazy._get_default_device_type(), os.environ.get("LTC_TS_CUDA"), cfg.device)
+        """)
+    assert line == "CUDA 1 cuda"
+
+
+@no_gpu
+def test_init_cpu_clears_a_stray_switch_and_the_env_var_picks_the_default():
+    # LTC_TS_CUDA selects CUDA by its mere presence, "0" included.
+    line = run_fresh("""
+        import os, torch, lazy_mlir
+        cfg = lazy_mlir.init()
+        print(torch._C._lazy._get_default_device_type(), "LTC_TS_CUDA" in os.environ, cfg.device)
+        """, LTC_TS_CUDA="0", LAZY_MLIR_DEVICE="cpu")
+    assert line == "CPU False cpu"
