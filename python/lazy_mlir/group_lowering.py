@@ -67,6 +67,7 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     # The inputs' real strides (LTC hands over views too): the exported graph's
     # placeholders are contiguous, the code must be compiled for these.
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    device = group_device(example_inputs, cfg.device)
     dump.write(name, "1.fx.txt", gm.code)
     with _Stage("fx_to_mlir"):
         module = import_graph(gm, "group", _scalar_values(example_inputs))
@@ -82,11 +83,11 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     if cfg.codegen == "mlir-llvm":
         from .codegen.mlir_llvm import try_compile_module
         with _Stage("codegen"):
-            run = try_compile_module(module, fake_inputs, name)
+            run = try_compile_module(module, fake_inputs, name, device)
         if run is not None:  # else: unsupported, Inductor compiles the group
             return LoweredGroup(run, guards)
     with _Stage("mlir_to_fx"):
-        gm = export_graph(module, "group", fake_mode=fake_mode)
+        gm = export_graph(module, "group", fake_mode, device, [t.device for t in fake_inputs])
     dump.write(name, "4.export.fx.txt", gm.code)
     moved = _collective_bytes(gm)
     artifacts = _cache_artifacts(gm) if cfg.cache else None  # before Inductor changes gm
@@ -101,6 +102,14 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
         artifacts["inductor"] = artefact
     dump.write(name, "5.generated.py", code)
     return LoweredGroup(run, guards, moved, artifacts)
+
+
+def group_device(inputs: list[torch.Tensor], default: str) -> torch.device:
+    """The device a group's code runs on: its inputs' (LTC backs a step's
+    tensors with one device; a CPU tensor beside them can only be a 0-d
+    scalar), else the backend's (a group made only of constants)."""
+    devices = [t.device for t in inputs]
+    return next((d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device(default))
 
 
 def _cache_artifacts(gm: torch.fx.GraphModule) -> dict | None:

@@ -6,8 +6,9 @@
 The generated function writes its results into buffers the caller passes in
 (``buffer-results-to-out-params``): the outputs are torch tensors allocated
 here, so no memory crosses the boundary that torch does not own. A group
-that torch-mlir cannot lower raises ``UnsupportedGroup`` naming the op; the
-caller then uses Inductor (``fallbacks`` counts the reasons).
+that torch-mlir cannot lower raises ``UnsupportedGroup`` naming the op, and
+so does one on a GPU (the code runs on the host); the caller then uses
+Inductor (``fallbacks`` counts the reasons).
 """
 from __future__ import annotations
 
@@ -81,21 +82,27 @@ _BYTE_TENSOR = re.compile(r"!torch\.vtensor<\[[0-9,]*\],[su]i8>")
 _OP_KIND = re.compile(r"operation '([\w.]+)'|= \"([\w.]+)\"\(")
 
 
-def try_compile_module(module: ir.Module, fake_inputs: list, name: str):
+def try_compile_module(module: ir.Module, fake_inputs: list, name: str, device: torch.device | str = "cpu"):
     """``compile_module``, or None when the group is unsupported (the reason
     counted in ``fallbacks``): the caller then uses Inductor."""
     try:
-        return compile_module(module, fake_inputs, name)
+        return compile_module(module, fake_inputs, name, device)
     except UnsupportedGroup as exc:
         fallbacks[str(exc)] += 1
         _log.debug("mlir-llvm: group %s falls back to Inductor: %s", name, exc)
         return None
 
 
-def compile_module(module: ir.Module, fake_inputs: list, name: str):
+def compile_module(module: ir.Module, fake_inputs: list, name: str, device: torch.device | str = "cpu"):
     """Compiles the single function of a torch-dialect ``module`` (left
-    unchanged) to a callable list[Tensor] -> list[Tensor]. Raises
-    ``UnsupportedGroup`` if any stage cannot handle the group."""
+    unchanged), a group running on ``device``, to a callable
+    list[Tensor] -> list[Tensor]. Raises ``UnsupportedGroup`` if any stage
+    cannot handle the group."""
+    # The code runs on the host and its outputs are CPU tensors: a GPU group's
+    # device pointers must never reach it.
+    off_host = sorted({str(d) for d in (torch.device(device), *(t.device for t in fake_inputs)) if d.type != "cpu"})
+    if off_host:
+        raise UnsupportedGroup(f"the group runs on {', '.join(off_host)}: mlir-llvm generates CPU code only")
     text = str(module)
     if _BYTE_TENSOR.search(text):
         # torch-mlir's convert-torch-to-linalg segfaults on (u)int8

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -51,35 +52,45 @@ _VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([^,>]+)>")
 _BLOB = re.compile(r'"0x([0-9A-Fa-f]*)"')
 
 
-def export_graph(module: ir.Module, func_name: str, fake_mode: FakeTensorMode | None = None) -> torch.fx.GraphModule:
+def export_graph(module: ir.Module, func_name: str, fake_mode: FakeTensorMode | None = None,
+                 device: torch.device | str = "cpu",
+                 arg_devices: Sequence[torch.device | str] | None = None) -> torch.fx.GraphModule:
     """Rebuilds ``func.func @func_name`` of a torch-dialect module as an ATen FX graph.
 
     Block arguments become placeholders ``arg0, arg1, ...`` whose ``meta['val']``
-    is a fake (CPU, contiguous) tensor of the argument's type, made under
-    ``fake_mode`` (a new ``FakeTensorMode(static_shapes=True)`` if None). Every
+    is a fake contiguous tensor of the argument's type on its device in
+    ``arg_devices`` (default: all on ``device``), made under ``fake_mode`` (a
+    new ``FakeTensorMode(static_shapes=True)`` if None). MLIR types carry no
+    device: literals and scalars made tensors are created on ``device``, the
+    group's (the importer keeps a literal's values only). Every
     call node gets ``meta['val']`` by running its op on the fake inputs, checked
     against the MLIR result type, so Inductor can compile the graph with fake
     inputs. The graph always returns a tuple, one entry per ``func.return``
     operand. Raises ``ExportError`` for ops with no FX equivalent.
     """
     func = ir.SymbolTable(module.operation)[func_name]
-    return _Exporter(fake_mode or FakeTensorMode(static_shapes=True)).run(func)
+    return _Exporter(fake_mode or FakeTensorMode(static_shapes=True), torch.device(device)).run(func, arg_devices)
 
 
 class _Exporter:
-    def __init__(self, fake_mode: FakeTensorMode):
+    def __init__(self, fake_mode: FakeTensorMode, device: torch.device):
         self.fake_mode = fake_mode
+        self.device = device
         self.graph = torch.fx.Graph()
         self.env: dict[ir.Value, Any] = {}  # MLIR value -> fx.Node or inlined Python value
         self.constants: dict[str, torch.Tensor] = {}
 
-    def run(self, func) -> torch.fx.GraphModule:
+    def run(self, func, arg_devices) -> torch.fx.GraphModule:
         block = func.regions[0].blocks[0]
-        for i, arg in enumerate(block.arguments):
+        if arg_devices is None:
+            arg_devices = [self.device] * len(block.arguments)
+        if len(arg_devices) != len(block.arguments):
+            raise ExportError(f"{len(arg_devices)} argument devices for {len(block.arguments)} arguments")
+        for i, (arg, device) in enumerate(zip(block.arguments, arg_devices)):
             node = self.graph.placeholder(f"arg{i}")
             shape, dtype = _tensor_type(str(arg.type), f"argument {i}")
             with self.fake_mode:
-                node.meta["val"] = torch.empty(shape, dtype=dtype)
+                node.meta["val"] = torch.empty(shape, dtype=dtype, device=device)
             self.env[arg] = node
         for op in block.operations:
             op = op.operation
@@ -114,7 +125,8 @@ class _Exporter:
             return [self._literal(op)]
         if name == "torch.prim.NumToTensor.Scalar":
             dtype = _tensor_type(str(op.results[0].type), "result")[1]
-            return self._emit(op, torch.ops.aten.scalar_tensor.default, operands, {"dtype": dtype})
+            return self._emit(op, torch.ops.aten.scalar_tensor.default, operands,
+                              {"dtype": dtype, "device": self.device})
         if name == "func.return":
             self.graph.output(tuple(operands))
             return []
@@ -168,7 +180,7 @@ class _Exporter:
     def _literal(self, op: ir.Operation) -> torch.fx.Node:
         shape, dtype = _tensor_type(str(op.results[0].type), "result")
         name = f"_tensor_constant{len(self.constants)}"
-        self.constants[name] = tensor = _literal_tensor(op, shape, dtype)
+        self.constants[name] = tensor = _literal_tensor(op, shape, dtype).to(self.device)
         node = self.graph.get_attr(name)
         node.meta["val"] = self.fake_mode.from_tensor(tensor)
         return node
