@@ -62,6 +62,26 @@ def test_ops_with_a_decomposition_are_traced_through_it(lazy_level):
     assert s["fallback_count"] == 0 and s["graph_executions"] == 1
 
 
+
+def test_decompositions_with_views_run_functionalized(lazy_level):
+    # upsample_bicubic2d's decomposition calls unsqueeze: below functionalization
+    # that reached LTC as as_strided (an eager fallback and a sync; ViT's
+    # interpolate_pos_encoding). The input is a permuted view, as in ViT.
+    assert "aten::upsample_bicubic2d" in lazy_kernels.decomposed_ops()
+    p = torch.randn(1, 17, 8, dtype=torch.float64)
+    pl = _lazy_leaf(p)
+    pe = p.clone().requires_grad_(True)
+    outs = [F.interpolate(t[:, 1:].reshape(1, 4, 4, 8).permute(0, 3, 1, 2), size=(6, 6), mode="bicubic")
+            for t in (pl, pe)]
+    for out in outs:
+        (out * out).sum().backward()
+    assert metrics.snapshot()["graph_executions"] == 0
+    torch._lazy.mark_step()
+    torch.testing.assert_close(outs[0].cpu(), outs[1])
+    torch.testing.assert_close(pl.grad.cpu(), pe.grad)
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0 and s["graph_executions"] == 1
+
 IDX = torch.tensor([2, 0])
 BUILTIN_CASES = {
     "sin": torch.sin,

@@ -10,7 +10,10 @@ this order for every functional op whose Lazy entry is the eager fallback:
 1. hand-written kernels for ops users hit (split, unbind, lerp), below;
 2. the op's ``torch._decomp`` decomposition, when it is written with aten
    ops (those written with ``torch._refs``/prims build ``as_strided`` views
-   the lazy device cannot run, so they are skipped);
+   the lazy device cannot run, so they are skipped), run under
+   functionalization: a Lazy kernel sits below it, where a view op
+   (``unsqueeze``, ``permute``) would reach LTC as ``as_strided``, which it
+   cannot trace; functionalized, views become the ``*_copy`` ops LTC traces;
 3. the op itself as a TorchScript builtin node in the traced graph
    (``_C.trace_builtin``, output shapes from the op's meta kernel): aten's
    own kernel then runs inside the graph;
@@ -278,7 +281,7 @@ def _decomposed_kernel(op, decomposition):
             return _builtin_kernel(op)(*args, **kwargs)
         active.add(name)
         try:
-            out = decomposition(*args, **kwargs)
+            out = _functionalized(decomposition, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure means: don't trust it
             reason = f"{type(exc).__name__}: {exc}"
         else:
@@ -293,6 +296,30 @@ def _decomposed_kernel(op, decomposition):
         return _builtin_kernel(op)(*args, **kwargs)
 
     return kernel
+
+
+def _functionalized(fn, args, kwargs):
+    """``fn(*args, **kwargs)`` with functionalization re-entered. Below the
+    Functionalize key (where Lazy kernels run) it is excluded in TLS: lift
+    that exclusion, wrap the inputs, then sync and unwrap the outputs."""
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.Functionalize)
+    include = torch._C._dispatch_tls_local_include_set()
+
+    def wrap(x):
+        return torch._to_functional_tensor(x) if isinstance(x, torch.Tensor) else x
+
+    def unwrap(x):
+        if isinstance(x, torch.Tensor) and torch._is_functional_tensor(x):
+            torch._sync(x)
+            return torch._from_functional_tensor(x)
+        return x
+
+    with torch._C._ForceDispatchKeyGuard(include, exclude):
+        torch._enable_functionalization(reapply_views=False)
+        try:
+            return tree_map(unwrap, fn(*tree_map(wrap, args), **tree_map(wrap, kwargs)))
+        finally:
+            torch._disable_functionalization()
 
 
 def decomposed_ops() -> list[str]:
