@@ -100,3 +100,52 @@ def test_a_failed_step_does_not_poison_the_next(lazy_level, monkeypatch):
     for _ in range(2):  # the same graph and group again, new data
         torch.testing.assert_close(run_lazy(after), fn(after))
     assert metrics.snapshot()["groups_fallen_back"] == {}
+
+
+class _CountingItem:
+    """Counts .item() calls (a host sync per call on a GPU)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = torch.Tensor.item
+
+        def item(t):
+            self.calls += 1
+            return real(t)
+
+        monkeypatch.setattr(torch.Tensor, "item", item)
+
+
+def test_scalar_guards_read_each_tensor_once(monkeypatch):
+    guards = executables.ScalarGuards([(1, 0.25)])
+    x, slope = torch.randn(3), torch.tensor(0.25)
+    reads = _CountingItem(monkeypatch)
+    assert all(guards.hold([x, slope]) for _ in range(3))
+    assert reads.calls == 1  # the same tensor again: known, not read
+    assert guards.hold([x, torch.tensor(0.25)]) and reads.calls == 2  # another tensor is read
+    assert not guards.hold([x, torch.tensor(0.5)])
+    slope.fill_(0.5)  # the version counter says the known tensor changed
+    assert not guards.hold([x, slope])
+
+
+def test_steady_state_steps_check_baked_scalars_without_reading_them(lazy_level, monkeypatch):
+    """LTC hands over the same device data for the same Python scalar each
+    step, so after the first step the guard reads nothing."""
+    import torch.nn.functional as F
+
+    x = torch.randn(6, 53)
+
+    def step(threshold):
+        y = F.threshold(x.to(LAZY), threshold, 0.0)
+        torch._lazy.mark_step()
+        return y.cpu()
+
+    torch.testing.assert_close(step(0.25), F.threshold(x, 0.25, 0.0))  # compiles, reads its values
+    reads = _CountingItem(monkeypatch)
+    for _ in range(3):
+        torch.testing.assert_close(step(0.25), F.threshold(x, 0.25, 0.0))
+    assert reads.calls == 0
+    torch.testing.assert_close(step(0.5), F.threshold(x, 0.5, 0.0))  # a new value still recompiles
+    assert reads.calls >= 1
+    s = metrics.snapshot()
+    assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 5

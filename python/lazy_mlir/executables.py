@@ -83,6 +83,30 @@ class _DistinctGuard:
                 and self.guard.check(*(inputs[i] for i in self.distinct)))
 
 
+class ScalarGuards:
+    """Checks the scalar inputs whose values were baked into the code
+    (``LoweredGroup.guards``) without reading a value it already knows:
+    ``.item()`` waits for the device, a host sync per step on a GPU. A tensor
+    seen to hold its value is held on to (its memory cannot then be reused
+    for another) and recognised by data pointer and version counter. LTC
+    passes a step's Python scalars as device data it caches by value, so
+    steady-state steps hand over the very tensors seen before."""
+
+    def __init__(self, guards: list[tuple[int, object]]):
+        self.guards = guards
+        self.known: dict[int, tuple[torch.Tensor, int]] = {}  # guard -> (tensor, version) holding its value
+
+    def hold(self, inputs: list[torch.Tensor]) -> bool:
+        for k, (i, value) in enumerate(self.guards):
+            t, known = inputs[i], self.known.get(k)
+            if known is not None and known[0].data_ptr() == t.data_ptr() and known[1] == t._version:
+                continue
+            if t.item() != value:
+                return False
+            self.known[k] = (t, t._version)
+        return True
+
+
 class GroupExecutable:
     def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str, num_ops: int):
         self.graph = graph.copy()
@@ -130,6 +154,7 @@ class GroupExecutable:
         if lowered is None:
             self._run = TorchScriptExecutable(self.graph, self.name)
         elif lowered.guards or lowered.collective_bytes:
+            self._scalars = ScalarGuards(lowered.guards)
             self._run = self._checked
         else:
             self._run = self._guarded  # the hot path: a layout check, then the generated code
@@ -137,7 +162,7 @@ class GroupExecutable:
     def _checked(self, inputs):
         if not self.layout.check(*inputs):
             return self._for_layout(inputs)
-        if any(inputs[i].item() != value for i, value in self.lowered.guards):
+        if not self._scalars.hold(inputs):
             # A scalar whose value was baked in (a shape depends on it) changed.
             self._use(self._lowered_for(inputs))
             return self._run(inputs)
