@@ -19,6 +19,7 @@ import torch.distributed as dist
 from .. import config
 from . import ops  # noqa: F401 - registers the marker ops
 from .engine import ZeroEngine
+from .gloo_group import collective_device
 
 __all__ = ["initialize", "full_state_dict", "memory_report", "comm_stats", "reset_comm_stats", "ZeroOptimizer"]
 
@@ -157,7 +158,7 @@ def _agree(group, failure: Exception | None, when: str) -> None:
     """Raises on every rank when any rank of ``group`` failed: its own error,
     or one naming the ranks that failed (a rank that went on alone would
     wait forever in the first step's collectives)."""
-    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int32)
+    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int32, device=collective_device(group))
     flags[dist.get_rank(group)] = int(failure is not None)
     try:
         dist.all_reduce(flags, group=group)

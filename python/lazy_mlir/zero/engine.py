@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from .gloo_group import collective_group
+from .gloo_group import collective_device, collective_group
 
 
 @dataclasses.dataclass
@@ -69,6 +69,7 @@ class ZeroEngine:
         self.group_name: str | None = None  # set by shard(): creating it is a collective
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        self.device = collective_device(self.group)  # of the tensors this engine's eager collectives take
         # gloo runs reduce_scatter_tensor as an all-reduce (twice the bytes)
         # plus copies; an all-to-all and a local sum move a reduce-scatter's bytes
         if reduce_scatter == "auto":
@@ -137,7 +138,7 @@ class ZeroEngine:
                             initial=full.to(p.device) if self.stage < 3 else None)
 
     def _broadcast(self, p: torch.Tensor) -> torch.Tensor:
-        full = p.detach().cpu().contiguous()
+        full = p.detach().cpu().to(self.device).contiguous()
         dist.broadcast(full, src=dist.get_global_rank(self.group, 0), group=self.group)
         return full
 
@@ -227,10 +228,10 @@ class ZeroEngine:
             if m is None or not m.sharded or self.stage < 3:
                 out[name] = t.detach().cpu().clone()
                 continue
-            local = m.shard.detach().cpu().contiguous()
-            gathered = torch.empty(local.numel() * self.world, dtype=local.dtype)
+            local = m.shard.detach().cpu().to(self.device).contiguous()
+            gathered = torch.empty(local.numel() * self.world, dtype=local.dtype, device=self.device)
             dist.all_gather_into_tensor(gathered, local, group=self.group)
-            out[name] = gathered[:m.numel].view(m.shape).clone()
+            out[name] = gathered[:m.numel].view(m.shape).to("cpu", copy=True)
         return out
 
     def memory_report(self, optimizer) -> dict[str, int]:

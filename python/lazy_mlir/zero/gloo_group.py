@@ -11,6 +11,9 @@ tcache chunk detected`` or a segfault in roughly one 3-rank run in five
 (tools/zero_soak.py). On gloo the traced collectives therefore run on a
 group of the same ranks with one worker thread: still asynchronous to the
 step's compute, never concurrent with each other. NCCL groups are used as is.
+
+Collectives called eagerly (set-up, checkpoints) take tensors on the device
+the group's backend works on: ``collective_device``.
 """
 from __future__ import annotations
 
@@ -33,6 +36,13 @@ def _create_serial_gloo(store, rank: int, size: int, timeout: datetime.timedelta
 def _register_backend() -> None:
     if not hasattr(dist.Backend, BACKEND.upper()):
         dist.Backend.register_backend(BACKEND, _create_serial_gloo, devices=["cpu"])
+
+
+def collective_device(group: dist.ProcessGroup) -> torch.device:
+    """Where tensors handed to ``group``'s eager collectives must live: NCCL
+    takes only CUDA tensors (this rank's current device, which the user binds
+    with torch.cuda.set_device); gloo and the others take CPU tensors."""
+    return torch.device("cuda") if dist.get_backend(group) == dist.Backend.NCCL else torch.device("cpu")
 
 
 def collective_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
