@@ -6,6 +6,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMPS := .stamps
 CXX_SOURCES := $(wildcard lazy_backend/*.cpp lazy_backend/*.h runtime/*.cpp runtime/*.h)
+# torch 2.13.0's CUDA build (with its Triton) on a machine with an NVIDIA GPU,
+# else whichever build pip's index serves (a CPU one here). Override with
+# `make test TORCH_BUILD=cpu`. The CUDA build is the one without a local
+# version tag: `===` (exact string) excludes a find-links 2.13.0+cpu wheel.
+ifndef TORCH_BUILD
+TORCH_BUILD := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+endif
+TORCH_PIN_cuda := "torch===2.13.0"
+TORCH_CHECK_cuda := $(BIN)/python -c "import torch, triton; assert torch.cuda.is_available(), \
+	f'torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU; a CPU build needs an index serving the CUDA one'"
+DEPS := $(STAMPS)/deps-$(TORCH_BUILD)
 
 .PHONY: demo test setup clean asan asan-soak asan-test
 demo: $(STAMPS)/install
@@ -16,14 +27,15 @@ test: $(STAMPS)/install
 
 setup: $(STAMPS)/install
 
-$(STAMPS)/deps: requirements.txt
+$(DEPS): requirements.txt
 	@mkdir -p $(STAMPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -r requirements.txt
-	@touch $@
+	$(BIN)/python -m pip install -q -r requirements.txt $(TORCH_PIN_$(TORCH_BUILD))
+	$(TORCH_CHECK_$(TORCH_BUILD))
+	@rm -f $(STAMPS)/deps-* && touch $@  # one build's stamp at a time: switching back reinstalls
 
 # --no-build-isolation: build against the pinned torch installed above.
-$(STAMPS)/install: $(STAMPS)/deps pyproject.toml CMakeLists.txt $(CXX_SOURCES)
+$(STAMPS)/install: $(DEPS) pyproject.toml CMakeLists.txt $(CXX_SOURCES)
 	$(BIN)/python -m pip install -q --no-build-isolation --no-deps -e .
 	@touch $@
 
