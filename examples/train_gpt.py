@@ -46,16 +46,16 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
 
-    lazy_mlir.init(args.level)
+    cfg = lazy_mlir.init(args.level)  # on a GPU machine the lazy device is the GPU: eager runs there too
     lazy_losses, lazy_times = run(torch.device("lazy"), args.steps, f"lazy_mlir {args.level}")
     report = lazy_mlir.metrics.report()
-    eager_losses, eager_times = run(torch.device("cpu"), args.steps, "eager")
+    eager_losses, eager_times = run(torch.device(cfg.device), args.steps, "eager")
 
     timed = slice(args.warmup, None)
     lazy_ms, eager_ms = statistics.median(lazy_times[timed]), statistics.median(eager_times[timed])
     max_diff = max(abs(a - b) for a, b in zip(lazy_losses, eager_losses))
     print()
-    print(f"GPT-mini, AdamW, {args.steps} steps ({args.warmup} warm-up), median ms/step")
+    print(f"GPT-mini, AdamW, {args.steps} steps ({args.warmup} warm-up) on {cfg.device}, median ms/step")
     print(f"  {'':<16}{'ms/step':>10}{'vs eager':>10}{'final loss':>12}")
     print(f"  {'eager':<16}{eager_ms:>10.1f}{1.0:>10.2f}{eager_losses[-1]:>12.4f}")
     print(f"  {'lazy_mlir ' + args.level:<16}{lazy_ms:>10.1f}{lazy_ms / eager_ms:>10.2f}{lazy_losses[-1]:>12.4f}")
