@@ -64,6 +64,10 @@ class ZeroInsertGather(Pass):
         markers = [op.operation for op in block.operations if op_name(op) == UNSHARD]
         if not markers:
             return
+        for marker in markers:  # the gather's size and the prefetch budget need static shapes
+            info = tensor_info(marker.results[0])
+            if info is None or info.shape is None or None in info.shape:
+                raise op_error(ZeroInsertGather.name, marker, "group size and shape must be constants")
         # Plan everything before rewriting: an ir.Operation's hash changes when
         # its operands do, so the dicts keyed by ops are only good until then.
         uses = [_external_uses(marker, index) for marker in markers]

@@ -60,10 +60,19 @@ class _Stage:
         metrics.record_stage(self.name, time.perf_counter() - self.start)
 
 
-def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: config.Config) -> LoweredGroup:
+def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: config.Config,
+                symbolic=None) -> LoweredGroup:
+    """``symbolic`` (a ``shape_generic.Symbolic``: fake mode, fake inputs with
+    symbolic sizes, size expressions) compiles the shape-generic form: then
+    Inductor's code takes any size its shape guards admit, and nothing is
+    stored on disk (the persistent cache keeps static variants)."""
     dump.write(name, "0.ts.txt", str(graph))
     with _Stage("ts_to_fx"):
-        gm, fake_mode, guards = ts_graph_to_fx(graph, example_inputs)
+        if symbolic is None:
+            gm, fake_mode, guards = ts_graph_to_fx(graph, example_inputs)
+        else:
+            gm, fake_mode, guards = ts_graph_to_fx(graph, example_inputs, symbolic.fake_mode, symbolic.fakes,
+                                                   symbolic.size_exprs, symbolic.scalar_exprs)
     # The inputs' real strides (LTC hands over views too): the exported graph's
     # placeholders are contiguous, the code must be compiled for these.
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
@@ -80,24 +89,25 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
         mlir_passes.run_pipeline(module, cfg.pipeline, on_pass_done=after_pass if cfg.dump_dir else None)
         mlir_passes.run_pipeline(module, "verify-markers-lowered")  # whatever the configured pipeline
     guards += _specialized_arguments(module, example_inputs)
-    if cfg.codegen == "mlir-llvm":
+    if cfg.codegen == "mlir-llvm" and symbolic is None:
         from .codegen.mlir_llvm import try_compile_module
         with _Stage("codegen"):
             run = try_compile_module(module, fake_inputs, name, device)
         if run is not None:  # else: unsupported, Inductor compiles the group
             return LoweredGroup(run, guards)
     with _Stage("mlir_to_fx"):
-        gm = export_graph(module, "group", fake_mode, device, [t.device for t in fake_inputs])
+        gm = export_graph(module, "group", fake_mode, device, [t.device for t in fake_inputs],
+                          fake_inputs if symbolic is not None else None)
     dump.write(name, "4.export.fx.txt", gm.code)
     moved = _collective_bytes(gm)
-    artifacts = _cache_artifacts(gm) if cfg.cache else None  # before Inductor changes gm
+    artifacts = _cache_artifacts(gm) if cfg.cache and symbolic is None else None  # before Inductor changes gm
     if artifacts is not None and not cfg.cache_inductor:
         # Inductor's own cache keys on the graph as given: compile the form a
         # later process unpickles, so that its compile hits that cache.
         gm = pickle.loads(artifacts["graph"])
     with _Stage("codegen"):  # Inductor: the default, and mlir-llvm's unsupported groups
         run, code, artefact = inductor.compile_graph(gm, fake_inputs, fake_mode, name,
-                                                     serializable=cfg.cache and cfg.cache_inductor)
+                                                     serializable=artifacts is not None and cfg.cache_inductor)
     if artifacts is not None:
         artifacts["inductor"] = artefact
     dump.write(name, "5.generated.py", code)

@@ -132,9 +132,9 @@ def test_lower_group_hands_real_devices_to_export(monkeypatch):
     calls = []
     real = group_lowering.export_graph
 
-    def spy(module, name, fake_mode, device, arg_devices):
+    def spy(module, name, fake_mode, device, arg_devices, arg_fakes=None):
         calls.append((device, list(arg_devices)))
-        return real(module, name, fake_mode, device, arg_devices)
+        return real(module, name, fake_mode, device, arg_devices, arg_fakes)
 
     monkeypatch.setattr(group_lowering, "export_graph", spy)
     graph = torch._C.parse_ir("""

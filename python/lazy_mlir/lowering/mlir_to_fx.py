@@ -48,13 +48,22 @@ _CONSTANTS = {
 }
 # Typed placeholders for scalars known only at run time (ScalarImplicit of an input).
 _SCALAR_STAND_INS = {"!torch.float": 0.0, "!torch.int": 0, "!torch.bool": False}
+# Size arithmetic of shape-generic groups: FX spells it as Dynamo does.
+_SYMBOLIC_INT_OPS = {
+    "torch.aten.size.int": torch.ops.aten.sym_size.int,
+    "torch.aten.mul.int": operator.mul,
+    "torch.aten.add.int": operator.add,
+    "torch.aten.sub.int": operator.sub,
+    "torch.aten.floordiv.int": operator.floordiv,
+}
 _VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([^,>]+)>")
 _BLOB = re.compile(r'"0x([0-9A-Fa-f]*)"')
 
 
 def export_graph(module: ir.Module, func_name: str, fake_mode: FakeTensorMode | None = None,
                  device: torch.device | str = "cpu",
-                 arg_devices: Sequence[torch.device | str] | None = None) -> torch.fx.GraphModule:
+                 arg_devices: Sequence[torch.device | str] | None = None,
+                 arg_fakes: Sequence[torch.Tensor] | None = None) -> torch.fx.GraphModule:
     """Rebuilds ``func.func @func_name`` of a torch-dialect module as an ATen FX graph.
 
     Block arguments become placeholders ``arg0, arg1, ...`` whose ``meta['val']``
@@ -67,9 +76,15 @@ def export_graph(module: ir.Module, func_name: str, fake_mode: FakeTensorMode | 
     against the MLIR result type, so Inductor can compile the graph with fake
     inputs. The graph always returns a tuple, one entry per ``func.return``
     operand. Raises ``ExportError`` for ops with no FX equivalent.
+
+    A shape-generic group (``?`` dims) needs ``arg_fakes``: the fake inputs
+    with symbolic sizes it was imported from (an MLIR type cannot say which
+    ``?`` is which symbol). ``torch.aten.size.int`` and int arithmetic become
+    ``sym_size`` and ``operator`` calls, as in Dynamo's graphs.
     """
     func = ir.SymbolTable(module.operation)[func_name]
-    return _Exporter(fake_mode or FakeTensorMode(static_shapes=True), torch.device(device)).run(func, arg_devices)
+    exporter = _Exporter(fake_mode or FakeTensorMode(static_shapes=True), torch.device(device))
+    return exporter.run(func, arg_devices, arg_fakes)
 
 
 class _Exporter:
@@ -80,17 +95,23 @@ class _Exporter:
         self.env: dict[ir.Value, Any] = {}  # MLIR value -> fx.Node or inlined Python value
         self.constants: dict[str, torch.Tensor] = {}
 
-    def run(self, func, arg_devices) -> torch.fx.GraphModule:
+    def run(self, func, arg_devices, arg_fakes) -> torch.fx.GraphModule:
         block = func.regions[0].blocks[0]
         if arg_devices is None:
             arg_devices = [self.device] * len(block.arguments)
         if len(arg_devices) != len(block.arguments):
             raise ExportError(f"{len(arg_devices)} argument devices for {len(block.arguments)} arguments")
+        if arg_fakes is not None and len(arg_fakes) != len(block.arguments):
+            raise ExportError(f"{len(arg_fakes)} argument fakes for {len(block.arguments)} arguments")
         for i, (arg, device) in enumerate(zip(block.arguments, arg_devices)):
             node = self.graph.placeholder(f"arg{i}")
-            shape, dtype = _tensor_type(str(arg.type), f"argument {i}")
-            with self.fake_mode:
-                node.meta["val"] = torch.empty(shape, dtype=dtype, device=device)
+            if arg_fakes is not None:
+                node.meta["val"] = arg_fakes[i]
+                _check_types(arg, arg_fakes[i], f"argument {i}")
+            else:
+                shape, dtype = _tensor_type(str(arg.type), f"argument {i}")
+                with self.fake_mode:
+                    node.meta["val"] = torch.empty(shape, dtype=dtype, device=device)
             self.env[arg] = node
         for op in block.operations:
             op = op.operation
@@ -130,6 +151,14 @@ class _Exporter:
         if name == "func.return":
             self.graph.output(tuple(operands))
             return []
+        if name in _SYMBOLIC_INT_OPS:  # sizes and their arithmetic: folded unless symbolic
+            target = _SYMBOLIC_INT_OPS[name]
+            value = target(*map_arg(tuple(operands), lambda n: n.meta["val"]))
+            if isinstance(value, int):
+                return [value]
+            node = self.graph.call_function(target, tuple(operands))
+            node.meta["val"] = value
+            return [node]
         target = _aten_target(op.attributes["name"].value if name == "torch.operator" else name)
         if target is None:
             raise ExportError("unsupported op: no torch.ops overload of that name")
@@ -163,7 +192,9 @@ class _Exporter:
                 val = node.target(*fake_args, **fake_kwargs)
         except DataDependentOutputException:  # a scalar read from a tensor, e.g. ScalarImplicit
             return _scalar_stand_in(str(op.results[0].type), fake_args)
-        _check_types(op, val)
+        vals = val if len(op.results) > 1 else (val,)
+        for i, (result, fake) in enumerate(zip(op.results, vals)):
+            _check_types(result, fake, f"result {i}")
         return val
 
     def _items(self, container, op: ir.Operation) -> list:
@@ -232,17 +263,21 @@ def _scalar_stand_in(type_asm: str, fake_args):
     return 0.0 if tensors[0].dtype.is_floating_point else 0  # ScalarImplicit: the tensor's dtype decides
 
 
-def _check_types(op: ir.Operation, val) -> None:
-    """The fake result must agree with the MLIR result types (catches pass bugs early)."""
-    vals = val if len(op.results) > 1 else (val,)
-    for i, (result, fake) in enumerate(zip(op.results, vals)):
-        type_asm = str(result.type)
-        if not type_asm.startswith("!torch.vtensor<"):
-            continue
-        expected = _tensor_type(type_asm, f"result {i}")
-        if not isinstance(fake, torch.Tensor) or (tuple(fake.shape), fake.dtype) != expected:
-            got = (tuple(fake.shape), fake.dtype) if isinstance(fake, torch.Tensor) else type(fake).__name__
-            raise ExportError(f"result {i} is {got} when run, but {type_asm} in MLIR")
+def _check_types(value: ir.Value, fake, what: str) -> None:
+    """A fake value must agree with its MLIR type (catches pass bugs early); a
+    ``?`` dim must be symbolic."""
+    type_asm = str(value.type)
+    if not type_asm.startswith("!torch.vtensor<"):
+        return
+    match = _VTENSOR.fullmatch(type_asm)
+    expected = None if match is None else (
+        [None if d == "?" else int(d) for d in match[1].split(",")] if match[1] else [], _DTYPES.get(match[2]))
+    if expected is None or not isinstance(fake, torch.Tensor) or fake.dtype != expected[1] or \
+            len(fake.shape) != len(expected[0]) or \
+            any((not isinstance(d, int)) != (e is None) or (e is not None and d != e)
+                for d, e in zip(fake.shape, expected[0])):
+        got = (tuple(fake.shape), fake.dtype) if isinstance(fake, torch.Tensor) else type(fake).__name__
+        raise ExportError(f"{what} is {got} when run, but {type_asm} in MLIR")
 
 
 def _literal_tensor(op: ir.Operation, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -9,6 +9,11 @@ inputs at first run (LTC keys graphs by shape, so they never change).
 ``aten::ScalarImplicit`` (LTC's 0-d tensor -> Scalar) of a runtime input is
 kept as a node whose fake value is a Python number (an MLIR pass rewrites its
 consumers); the ``*Implicit`` of a tensor constant is folded to its value.
+
+A shape-generic graph (``shape_generic``) gets fake inputs with symbolic
+sizes and, for the size constants that vary with them (view and expand
+sizes...), expressions of those sizes: each becomes ``sym_size`` and
+``operator`` calls, as in Dynamo's graphs.
 """
 from __future__ import annotations
 
@@ -20,6 +25,25 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .op_aliases import alias_of
+
+
+def is_size_constant(value) -> bool:
+    """An int, int list or 0-d integer tensor constant: where LTC bakes sizes
+    into a graph (the tensor form feeds ``IntImplicit``, e.g. GPT-2's
+    position ids)."""
+    if isinstance(value, list):
+        return bool(value) and all(type(v) is int for v in value)
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and value.dtype in (torch.int64, torch.int32)
+    return type(value) is int
+
+
+def size_constants(graph: torch._C.Graph) -> list:
+    """The value of every size constant of ``graph`` (a 0-d tensor's as an
+    int), in node order: the ordinals ``ts_graph_to_fx``'s ``size_exprs``
+    refer to."""
+    values = (n.output().toIValue() for n in graph.nodes() if n.kind() == "prim::Constant")
+    return [int(v) if isinstance(v, torch.Tensor) else v for v in values if is_size_constant(v)]
 
 
 class ConversionError(RuntimeError):
@@ -39,6 +63,15 @@ def _resolve_overload(node: torch._C.Node) -> torch._ops.OpOverload:
     return alias_of(getattr(packet, schema.overload_name or "default"))
 
 
+def _view_of_copy(op: torch._ops.OpOverload):
+    """``aten.expand.default`` for ``aten.expand_copy.default`` (None if not a view's copy)."""
+    namespace, name = op._schema.name.split("::")
+    if namespace != "aten" or not name.endswith("_copy"):
+        return None
+    view = getattr(getattr(torch.ops.aten, name[:-len("_copy")], None), op._overloadname, None)
+    return view if isinstance(view, torch._ops.OpOverload) and view._schema.arguments[0].alias_info else None
+
+
 _IMPLICIT = {"aten::ScalarImplicit", "aten::IntImplicit", "aten::FloatImplicit", "aten::BoolImplicit"}
 
 
@@ -52,9 +85,17 @@ def _fake_scalar(value: torch.Tensor):
 
 
 class _Converter:
-    def __init__(self, graph: torch._C.Graph, fake_mode: FakeTensorMode):
+    def __init__(self, graph: torch._C.Graph, fake_mode: FakeTensorMode, input_fakes=None, size_exprs=None,
+                 scalar_exprs=None):
         self.ts_graph = graph
         self.fake_mode = fake_mode
+        self.input_fakes = input_fakes
+        self.size_exprs = size_exprs or {}
+        self.scalar_exprs = scalar_exprs or {}
+        self.num_size_constants = 0
+        self.placeholders: list[fx.Node] = []
+        self.sym_sizes: dict[tuple[int, int], fx.Node] = {}
+        self.symbolic_scalars: dict[fx.Node, fx.Node] = {}  # 0-d size tensor -> its SymInt node
         self.graph = fx.Graph()
         self.root = torch.nn.Module()
         self.env: dict[torch._C.Value, object] = {}  # TS value -> fx Node or Python value
@@ -77,8 +118,10 @@ class _Converter:
         for i, (value, example) in enumerate(zip(self.ts_graph.inputs(), example_inputs)):
             placeholder = self.graph.placeholder(f"arg{i}")
             self.input_index[placeholder] = i
-            placeholder.meta["val"] = self.fake_mode.from_tensor(example, static_shapes=True)
+            placeholder.meta["val"] = (self.input_fakes[i] if self.input_fakes is not None
+                                       else self.fake_mode.from_tensor(example, static_shapes=True))
             self.env[value] = placeholder
+            self.placeholders.append(placeholder)
         for node in self.ts_graph.nodes():
             self._convert_node(node)
         outputs = [self.env[v] for v in self.ts_graph.outputs()]
@@ -91,6 +134,8 @@ class _Converter:
             self.env[node.output()] = self._constant(node)
         elif kind == "prim::ListConstruct":
             self.env[node.output()] = [self.env[v] for v in node.inputs()]
+        elif kind in _IMPLICIT and self.env[node.input()] in self.symbolic_scalars:
+            self.env[node.output()] = self.symbolic_scalars[self.env[node.input()]]
         elif kind in _IMPLICIT and self.env[node.input()] in self.constant_tensors:
             self.env[node.output()] = self.constant_tensors[self.env[node.input()]].item()
         elif kind.startswith(("aten::", "lazy_mlir::")):
@@ -100,6 +145,15 @@ class _Converter:
 
     def _constant(self, node: torch._C.Node):
         value = node.output().toIValue()
+        if is_size_constant(value):
+            ordinal, self.num_size_constants = self.num_size_constants, self.num_size_constants + 1
+            if ordinal in self.size_exprs:
+                generic = self.size_exprs[ordinal]
+                if isinstance(generic, list):
+                    return [e if isinstance(e, int) else e.to_fx(self) for e in generic]
+                if isinstance(value, torch.Tensor):
+                    return self._symbolic_scalar_tensor(generic.to_fx(self), value)
+                return generic.to_fx(self)
         if isinstance(value, torch.Tensor):
             name = f"_tensor_constant{self.num_constants}"
             self.num_constants += 1
@@ -110,6 +164,34 @@ class _Converter:
             return attr
         return value
 
+    # ------------------------------------------------- size expressions' FX
+    def sym_size(self, input_index: int, dim: int) -> fx.Node:
+        key = (input_index, dim)
+        if key not in self.sym_sizes:
+            placeholder = self.placeholders[input_index]
+            node = self.graph.call_function(torch.ops.aten.sym_size.int, (placeholder, dim))
+            node.meta["val"] = placeholder.meta["val"].shape[dim]
+            self.sym_sizes[key] = node
+        return self.sym_sizes[key]
+
+    def _symbolic_scalar_tensor(self, size: fx.Node, like: torch.Tensor) -> fx.Node:
+        kwargs = {"dtype": like.dtype, "device": like.device}
+        node = self.graph.call_function(torch.ops.aten.scalar_tensor.default, (size,), kwargs)
+        with self.fake_mode:
+            node.meta["val"] = torch.ops.aten.scalar_tensor.default(size.meta["val"], **kwargs)
+        self.symbolic_scalars[node] = size  # what IntImplicit of it gives
+        return node
+
+    def _numel_of(self, value: torch._C.Value) -> fx.Node:
+        node = self.graph.call_function(torch.ops.aten.sym_numel.default, (self.env[value],))
+        node.meta["val"] = self._fake(self.env[value]).numel()
+        return node
+
+    def int_call(self, target, *args) -> fx.Node:
+        node = self.graph.call_function(target, args)
+        node.meta["val"] = target(*(self._fake(a) for a in args))
+        return node
+
     def _specialize(self, value):
         """The concrete value of a ScalarImplicit of a group input, guarded."""
         if not isinstance(value, fx.Node) or value.target is not torch.ops.aten.ScalarImplicit.default:
@@ -118,18 +200,27 @@ class _Converter:
         if source not in self.input_index:
             raise ConversionError(f"lazy_mlir: a shape depends on a computed scalar ({source})")
         index = self.input_index[source]
+        if index in self.scalar_exprs:  # shape-generic: a size passed as a scalar (arange's end)
+            return self.scalar_exprs[index].to_fx(self)
         concrete = self.example_inputs[index].item()
         self.guards.append((index, concrete))
         return concrete
 
     def _convert_arange_out(self, node: torch._C.Node) -> None:
         # LTC lowers arange to its out= form on an empty placeholder: use the functional one.
-        start, end, step, out = (self._specialize(self.env[v]) for v in node.inputs())
-        fake_out = self._fake(out)
+        start_v, end_v, step_v, out_v = node.inputs()
+        fake_out = self._fake(self.env[out_v])
+        start, step = self._specialize(self.env[start_v]), self._specialize(self.env[step_v])
+        if isinstance(fake_out.numel(), torch.SymInt) and isinstance(start, int) and isinstance(step, int):
+            # Shape-generic: LTC sized ``out`` for the range, so its length
+            # gives the end (the same values), not a baked, guarded scalar.
+            end = self.int_call(operator.add, start, self.int_call(operator.mul, self._numel_of(out_v), step))
+        else:
+            end = self._specialize(self.env[end_v])
         kwargs = {"dtype": fake_out.dtype, "device": fake_out.device}
         call = self.graph.call_function(torch.ops.aten.arange.start_step, (start, end, step), kwargs)
         with self.fake_mode:
-            call.meta["val"] = torch.ops.aten.arange.start_step(start, end, step, **kwargs)
+            call.meta["val"] = torch.ops.aten.arange.start_step(start, self._fake(end), step, **kwargs)
         self.env[node.output()] = call
 
     def _convert_call(self, node: torch._C.Node) -> None:
@@ -148,9 +239,17 @@ class _Converter:
         if op is torch.ops.aten.ScalarImplicit.default:
             call.meta["val"] = _fake_scalar(self._fake(args[0]))
         else:
+            # The *_copy kernels take no symbolic sizes: a shape-generic graph
+            # infers them from the view op (the copy is that view, contiguous).
+            view = _view_of_copy(op) if self.input_fakes is not None else None
             with self.fake_mode:
                 try:
-                    call.meta["val"] = op(*self._fake_args(args), **self._fake_args(kwargs))
+                    if view is None:
+                        call.meta["val"] = op(*self._fake_args(args), **self._fake_args(kwargs))
+                    else:
+                        call.meta["val"] = torch.utils._pytree.tree_map_only(
+                            torch.Tensor, lambda t: t.clone(memory_format=torch.contiguous_format),
+                            view(*self._fake_args(args), **self._fake_args(kwargs)))
                 except Exception as exc:
                     raise ConversionError(f"lazy_mlir: shape inference failed for {_describe(node)}: {exc}") from exc
         if len(outputs) == 1:
@@ -162,13 +261,18 @@ class _Converter:
             self.env[value] = item
 
 
-def ts_graph_to_fx(graph: torch._C.Graph, example_inputs, fake_mode: FakeTensorMode | None = None):
+def ts_graph_to_fx(graph: torch._C.Graph, example_inputs, fake_mode: FakeTensorMode | None = None,
+                   input_fakes=None, size_exprs=None, scalar_exprs=None):
     """Returns (GraphModule, fake_mode, guards). ``example_inputs`` fix shapes
     and dtypes; ``guards`` lists (input index, value) of scalar inputs whose
-    value was baked in."""
+    value was baked in. ``input_fakes`` (made by ``fake_mode``) replace the
+    static fakes of the inputs; ``size_exprs`` maps a size constant's ordinal
+    (``size_constants``) to its value with expressions (``to_fx(converter)``)
+    in place of the sizes that vary; ``scalar_exprs`` maps a 0-d input to the
+    expression its value follows, used where its value would be baked in."""
     # A ShapeEnv (with only static shapes in it) lets Inductor use its FX
     # graph cache: without one it bypasses the cache ("No shape env").
     fake_mode = fake_mode or FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
-    converter = _Converter(graph, fake_mode)
+    converter = _Converter(graph, fake_mode, input_fakes, size_exprs, scalar_exprs)
     gm = converter.convert(example_inputs)
     return gm, fake_mode, converter.guards
