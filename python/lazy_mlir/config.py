@@ -45,6 +45,11 @@ class Config:
     # Also store Inductor's compiled artefact (else only the exported FX graph,
     # which Inductor's own cache compiles again in the next process).
     cache_inductor: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CACHE_INDUCTOR", True))
+    # Shape-generic groups ("automatic dynamic", see shape_generic): "auto"
+    # compiles a group seen at a second size once more with symbolic sizes,
+    # and serves later sizes from that code; "static" compiles every size
+    # apart. LAZY_MLIR_DYNAMIC sets it.
+    dynamic: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DYNAMIC") or "auto")
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile
@@ -53,7 +58,7 @@ class Config:
 
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
-                   "cache_max_mb", "cache_inductor", "recompile_limit", "log")
+                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
@@ -81,6 +86,8 @@ class Config:
             raise RuntimeError(f"lazy_mlir: device='cuda', but {why} (torch.cuda.is_available() is False); "
                                "use device='cpu', or set up on a machine with an NVIDIA GPU (make setup "
                                "installs the CUDA build of torch there)")
+        if self.dynamic not in ("auto", "static"):
+            raise ValueError(f"lazy_mlir: dynamic must be 'auto' or 'static', got {self.dynamic!r}")
         if self.codegen not in CODEGENS:
             raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
         if self.cache_max_mb <= 0:

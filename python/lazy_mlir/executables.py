@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import compile_cache, config, group_key, metrics, recompiles
+from . import compile_cache, config, group_key, metrics, recompiles, shape_generic
 from .group_lowering import lower_group
 
 
@@ -175,6 +175,11 @@ class GroupExecutable:
             self._family = group_key.family(self.graph)
         # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
         lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg)
+        generic = None
+        if lowered is None:
+            lowered = generic = shape_generic.lookup(self.graph, inputs, self.cfg)
+            if generic is not None:
+                compile_cache.store(self.cache_key, generic, self.cfg)  # in memory: no artefacts
         if lowered is None:
             recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
                                       self.cfg.key())
@@ -182,8 +187,10 @@ class GroupExecutable:
             if lowered is None:
                 return None
             compile_cache.store(self.cache_key, lowered, self.cfg)
-        recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe, self.cfg,
-                               self.cfg.key())
+        shape_generic.observe(self.graph, inputs, self.cfg)
+        if generic is None:  # a size served by generic code is no new variant
+            recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe,
+                                   self.cfg, self.cfg.key())
         return lowered
 
     def _compile(self, inputs):
@@ -191,7 +198,7 @@ class GroupExecutable:
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
         try:
-            lowered = lower_group(self.graph, inputs, self.name, self.cfg)
+            lowered = self._compile_generic(inputs) or lower_group(self.graph, inputs, self.name, self.cfg)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             if self.cfg.level == "O2":
                 metrics.record_group_failure(self.name, self.describe, f"{type(exc).__name__}: {exc}")
@@ -202,4 +209,24 @@ class GroupExecutable:
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        return lowered
+
+    def _compile_generic(self, inputs):
+        """The shape-generic form when the group was seen at other sizes; None
+        (compile the static form) when it cannot be made or fails."""
+        planned = shape_generic.plan(self.graph, inputs, self.cfg)
+        if planned is None:
+            return None
+        if self.cfg.progress:
+            print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic", file=sys.stderr,
+                  flush=True)
+        try:
+            lowered = shape_generic.compile_generic(self.graph, inputs, self.name, self.cfg, planned)
+        except Exception as exc:  # noqa: BLE001 - the static form is always there to fall back on
+            metrics.count_cache("generic_failed")
+            warnings.warn(f"lazy_mlir: fusion group {self.name} could not be compiled shape-generic "
+                          f"({type(exc).__name__}: {exc}); compiling it for these sizes only", RuntimeWarning,
+                          stacklevel=1)
+            return None
+        metrics.count_cache("generic_compile")
         return lowered

@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from .lowering.ts_to_fx import is_size_constant
+
 # Debug metadata that does not change what a node computes.
 _IGNORED_ATTRIBUTES = frozenset({"source"})
 
@@ -46,15 +48,19 @@ def _value_form(value) -> object:
     return (type(value).__name__, str(value))  # dtype, device, layout ...
 
 
-def _block_form(inputs, nodes, outputs, numbering: dict) -> list:
+def _block_form(inputs, nodes, outputs, numbering: dict, abstract_sizes: bool = False) -> list:
     for value in inputs:
         numbering[value] = len(numbering)
     form = [("in", tuple(str(v.type()) for v in inputs))]
     for node in nodes:
-        attributes = tuple(
-            (name, node.kindOf(name), _value_form(getattr(node, node.kindOf(name))(name)))
-            for name in sorted(node.attributeNames()) if name not in _IGNORED_ATTRIBUTES)
-        blocks = tuple(tuple(_block_form(list(b.inputs()), b.nodes(), list(b.outputs()), numbering))
+        if abstract_sizes and node.kind() == "prim::Constant" and is_size_constant(node.output().toIValue()):
+            value = node.output().toIValue()
+            attributes = (("sizes", len(value) if isinstance(value, list) else None),)
+        else:
+            attributes = tuple(
+                (name, node.kindOf(name), _value_form(getattr(node, node.kindOf(name))(name)))
+                for name in sorted(node.attributeNames()) if name not in _IGNORED_ATTRIBUTES)
+        blocks = tuple(tuple(_block_form(list(b.inputs()), b.nodes(), list(b.outputs()), numbering, abstract_sizes))
                        for b in node.blocks())
         wiring = tuple(numbering[v] for v in node.inputs())
         results = list(node.outputs())
@@ -65,9 +71,10 @@ def _block_form(inputs, nodes, outputs, numbering: dict) -> list:
     return form
 
 
-def structure(graph: torch._C.Graph) -> str:
-    """Digest of the graph's canonical form (no source lines, no value names)."""
-    form = _block_form(list(graph.inputs()), graph.nodes(), list(graph.outputs()), {})
+def structure(graph: torch._C.Graph, abstract_sizes: bool = False) -> str:
+    """Digest of the graph's canonical form (no source lines, no value names;
+    with ``abstract_sizes``, no size constants: see shape_generic)."""
+    form = _block_form(list(graph.inputs()), graph.nodes(), list(graph.outputs()), {}, abstract_sizes)
     return hashlib.sha256(repr(form).encode()).hexdigest()
 
 

@@ -1,0 +1,302 @@
+"""Shape-generic groups: one compile serves a group at every size
+("automatic dynamic", ``Config.dynamic``).
+
+LTC bakes sizes into a step's graph, so a second sequence length or batch
+size hands over groups that differ from the first size's only in their size
+constants (view/expand sizes, slice bounds: ``ts_to_fx.size_constants``) and
+their inputs' sizes. The first size compiles static code. At a second size
+the group is compiled once more, shape-generic: every input dim whose size
+changed becomes a symbol, and every size constant that changed is written as
+an expression of those symbols that explains both sizes (``s``, ``s*k``,
+``s//k``, ``s+k``, ``s*t*k``...). Inductor then generates code for any size
+its shape guards admit.
+
+Serving a later size is checked, never assumed: the group's structure (its
+size constants left out), dtypes, devices and aliasing must be the same; every
+size constant must equal its expression at the new sizes (the others their
+old value); static dims and layouts must be those compiled for; and the sizes
+must pass Inductor's shape guards (which keep sizes 0 and 1 out, as Dynamo's
+do). Otherwise the group compiles as before. Groups with collectives (ZeRO)
+stay static: their passes plan memory by size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import operator
+import sys
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from . import config, group_key, metrics
+from .group_lowering import LoweredGroup, lower_group
+from .lowering.ts_to_fx import size_constants
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeExpr:
+    """``prod(input sizes at dims) * scale // divisor + offset``."""
+    dims: tuple[tuple[int, int], ...]  # (input index, dim)
+    scale: int = 1
+    divisor: int = 1
+    offset: int = 0
+
+    def value(self, shapes) -> int:
+        return self.value_of(math.prod(shapes[i][d] for i, d in self.dims))
+
+    def value_of(self, product: int) -> int:
+        return product * self.scale // self.divisor + self.offset
+
+    def to_fx(self, converter):
+        """Its FX nodes in ``ts_to_fx``'s converter (sym_size, operator calls)."""
+        node = converter.sym_size(*self.dims[0])
+        for i, d in self.dims[1:]:
+            node = converter.int_call(operator.mul, node, converter.sym_size(i, d))
+        if self.scale != 1:
+            node = converter.int_call(operator.mul, node, self.scale)
+        if self.divisor != 1:
+            node = converter.int_call(operator.floordiv, node, self.divisor)
+        if self.offset:
+            node = converter.int_call(operator.add, node, self.offset)
+        return node
+
+    def __str__(self):
+        text = "*".join(f"in{i}.size({d})" for i, d in self.dims)
+        text += f"*{self.scale}" if self.scale != 1 else ""
+        text += f"//{self.divisor}" if self.divisor != 1 else ""
+        return text + (f"{self.offset:+d}" if self.offset else "")
+
+
+def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -> SizeExpr | None:
+    """The simplest expression that gives ``values`` (one per observation)
+    from the varying ``sizes`` ((input, dim), one value per observation): a
+    multiple or an exact quotient of one size or of a product of two
+    (``B*T``), else an integer affine function of one size (``2*s - 2``: a
+    shifted sequence flattened with its batch of 2). It must fit every
+    observation; two always fit some affine function, so whether it holds
+    at a new size is checked there (``GenericGroup.admits``)."""
+    singles = [((dim,), seen) for dim, seen in sizes]
+    pairs = [((a[0], b[0]), [x * y for x, y in zip(a[1], b[1])]) for k, a in enumerate(sizes) for b in sizes[k + 1:]]
+    tries = [(_multiple, base) for base in singles + pairs] + [(_quotient, base) for base in singles + pairs]
+    tries += [(_affine, base) for base in singles]
+    for form, (dims, seen) in tries:
+        candidate = form(dims, seen, values)
+        if candidate is not None and all(candidate.value_of(x) == v for x, v in zip(seen, values)):
+            return candidate
+    return None
+
+
+def _multiple(dims, seen: list[int], values: list[int]) -> SizeExpr | None:
+    return SizeExpr(dims, scale=values[0] // seen[0]) if seen[0] and values[0] % seen[0] == 0 and values[0] else None
+
+
+def _affine(dims, seen: list[int], values: list[int]) -> SizeExpr | None:
+    pairs = [(x, v) for x, v in zip(seen, values) if x != seen[0]]
+    if not pairs or (pairs[0][1] - values[0]) % (pairs[0][0] - seen[0]):
+        return None
+    scale = (pairs[0][1] - values[0]) // (pairs[0][0] - seen[0])
+    return SizeExpr(dims, scale=scale, offset=values[0] - scale * seen[0]) if scale else None
+
+
+def _quotient(dims, seen: list[int], values: list[int]) -> SizeExpr | None:
+    if not values[0] or seen[0] % values[0] or seen[0] // values[0] < 2:
+        return None
+    return SizeExpr(dims, divisor=seen[0] // values[0])
+
+
+@dataclasses.dataclass
+class Symbolic:
+    """What ``lower_group`` needs to compile the generic form."""
+    fake_mode: FakeTensorMode
+    fakes: list
+    size_exprs: dict[int, object]  # size constant ordinal -> SizeExpr or list of int | SizeExpr
+    scalar_exprs: dict[int, SizeExpr]  # 0-d integer input -> the size its value is
+
+
+@dataclasses.dataclass
+class GenericGroup:
+    lowered: LoweredGroup
+    shapes: list[tuple[int, ...]]       # the sizes it was compiled at
+    strides: list[tuple[int, ...]]
+    dynamic: set[tuple[int, int]]       # (input, dim) that are symbols
+    template: list                      # per size constant: its value with SizeExprs
+    scalar_exprs: dict[int, SizeExpr]   # 0-d integer inputs that hold a size
+    guard_code: str | None              # Inductor's shape guards over L['t<i>']
+    shape_env: ShapeEnv
+
+    def admits(self, constants: list, inputs: list[torch.Tensor]) -> bool:
+        shapes = [tuple(t.shape) for t in inputs]
+        for i, (t, shape, stride) in enumerate(zip(inputs, self.shapes, self.strides)):
+            if len(t.shape) != len(shape):
+                return False
+            if any((i, d) not in self.dynamic and t.shape[d] != shape[d] for d in range(len(shape))):
+                return False
+            dynamic = any((i, d) in self.dynamic for d in range(len(shape)))
+            if (not t.is_contiguous()) if dynamic else tuple(t.stride()) != stride:
+                return False
+        if len(constants) != len(self.template):
+            return False
+        for value, generic in zip(constants, self.template):
+            if _instantiate(generic, shapes) != value:
+                return False
+        if any(inputs[i].item() != e.value(shapes) for i, e in self.scalar_exprs.items()):
+            return False
+        if any(inputs[i].item() != v for i, v in self.lowered.guards):
+            return False  # a scalar baked into the code
+        return self.guard_code is None or self.shape_env.evaluate_guards_expression(self.guard_code, inputs)
+
+
+def _instantiate(generic, shapes):
+    if isinstance(generic, SizeExpr):
+        return generic.value(shapes)
+    if isinstance(generic, list):
+        return [_instantiate(g, shapes) for g in generic]
+    return generic
+
+
+@dataclasses.dataclass
+class _Observation:
+    constants: list
+    shapes: list[tuple[int, ...]]
+    scalars: dict[int, int]  # the 0-d integer inputs' values
+
+
+_observed: dict[str, list[_Observation]] = {}  # family -> sizes seen (the first MAX_OBSERVATIONS)
+_generic: dict[str, list[GenericGroup]] = {}
+MAX_OBSERVATIONS = 16
+
+
+def family(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config) -> str:
+    """Everything a generic variant must share with a group, sizes aside."""
+    signature = tuple((str(t.dtype), str(t.device), t.dim(), same) for (_, _, _, _, same), t
+                      in zip(group_key.input_signature(inputs), inputs))
+    parts = (group_key.structure(graph, abstract_sizes=True), signature, cfg.key(), group_key.environment_id())
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def enabled(cfg: config.Config) -> bool:
+    return cfg.dynamic == "auto" and "zero-" not in (cfg.pipeline or "") and not cfg.dump_dir
+
+
+def lookup(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config) -> LoweredGroup | None:
+    """A generic variant that serves ``inputs``'s sizes (counted "generic_hit")."""
+    if not enabled(cfg):
+        return None
+    variants = _generic.get(family(graph, inputs, cfg))
+    if not variants:
+        return None
+    constants = size_constants(graph)
+    for variant in variants:
+        if variant.admits(constants, inputs):
+            metrics.count_cache("generic_hit")
+            return dataclasses.replace(variant.lowered, artifacts=None)
+    return None
+
+
+def observe(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config) -> None:
+    """Remembers the sizes a family was seen at."""
+    if not enabled(cfg):
+        return
+    seen = _observed.setdefault(family(graph, inputs, cfg), [])
+    shapes = [tuple(t.shape) for t in inputs]
+    if len(seen) < MAX_OBSERVATIONS and all(o.shapes != shapes for o in seen):
+        seen.append(_Observation(size_constants(graph), shapes, _integer_scalars(inputs)))
+
+
+def plan(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config):
+    """(dynamic dims, size constants template, scalar input expressions) when
+    the group was seen at other sizes and every size constant and integer
+    scalar input that varies has an expression fitting all sizes seen; else
+    None. Dims that ever varied stay symbolic (automatic dynamic)."""
+    if not enabled(cfg):
+        return None
+    shapes = [tuple(t.shape) for t in inputs]
+    seen = [o for o in _observed.get(family(graph, inputs, cfg), ()) if o.shapes != shapes]
+    if not seen:
+        return None
+    points = seen + [_Observation(size_constants(graph), shapes, _integer_scalars(inputs))]
+    dynamic = {(i, d) for i, shape in enumerate(shapes) for d in range(len(shape))
+               if any(o.shapes[i][d] != shape[d] for o in seen)}
+    if any(shapes[i][d] < 2 for i, d in dynamic):
+        return None  # 0 and 1 are specialised, as in Dynamo
+    if any(not inputs[i].is_contiguous() for i in {i for i, _ in dynamic}):
+        return None
+    sizes = [((i, d), [o.shapes[i][d] for o in points]) for i, d in sorted(dynamic)]
+    template = []
+    for k in range(len(points[-1].constants)):
+        generic = _generalize([o.constants[k] for o in points], sizes)
+        if generic is None:
+            return None
+        template.append(generic)
+    scalar_exprs = {}
+    for i in points[-1].scalars:
+        values = [o.scalars[i] for o in points]
+        if len(set(values)) > 1:
+            scalar_exprs[i] = explain(values, sizes)
+            if scalar_exprs[i] is None:
+                return None
+    return dynamic, template, scalar_exprs
+
+
+def _generalize(values: list, sizes):
+    """One size constant's generic form from its value at each observation."""
+    if all(v == values[-1] for v in values):
+        return values[-1]
+    if isinstance(values[-1], int):
+        return explain(values, sizes)
+    if any(len(v) != len(values[-1]) for v in values):
+        return None
+    parts = [_generalize([v[k] for v in values], sizes) for k in range(len(values[-1]))]
+    return None if any(p is None for p in parts) else parts
+
+
+def _integer_scalars(inputs: list[torch.Tensor]) -> dict[int, int]:
+    return {i: int(t.item()) for i, t in enumerate(inputs)
+            if t.dim() == 0 and not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool}
+
+
+def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config,
+                    planned) -> LoweredGroup:
+    """Compiles the generic form planned by ``plan`` and registers it. Raises
+    on any failure (the caller compiles the static form instead)."""
+    dynamic, template, scalar_exprs = planned
+    shape_env = ShapeEnv(duck_shape=False)  # one symbol per dim: equalities come from the ops, as guards
+    fake_mode = FakeTensorMode(shape_env=shape_env)
+    fakes = []
+    for i, t in enumerate(inputs):
+        sizes = [DimDynamic.DYNAMIC if (i, d) in dynamic else DimDynamic.STATIC for d in range(t.dim())]
+        fakes.append(fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+                     if any((i, d) in dynamic for d in range(t.dim())) else
+                     fake_mode.from_tensor(t, static_shapes=True))
+    size_exprs = {k: g for k, g in enumerate(template) if _has_expr(g)}
+    lowered = lower_group(graph, inputs, name, cfg, Symbolic(fake_mode, fakes, size_exprs, scalar_exprs))
+    if lowered.collective_bytes:
+        raise RuntimeError("a group with collectives stays static")
+    variant = GenericGroup(lowered, [tuple(t.shape) for t in inputs], [tuple(t.stride()) for t in inputs],
+                           set(dynamic), template, scalar_exprs, shape_env.produce_guards_expression(fakes),
+                           shape_env)
+    if not variant.admits(size_constants(graph), inputs):
+        raise RuntimeError("the generic form does not admit the sizes it was compiled at")
+    _generic.setdefault(family(graph, inputs, cfg), []).append(variant)
+    if cfg.logs("recompiles") or cfg.logs("dynamic"):
+        exprs = ", ".join([f"#{k}: {_describe(g)}" for k, g in size_exprs.items()] +
+                          [f"in{i}: {e}" for i, e in scalar_exprs.items()])
+        print(f"lazy_mlir: {name} compiled shape-generic: symbols {sorted(dynamic)}; sizes {exprs}", file=sys.stderr)
+    return lowered
+
+
+def _has_expr(generic) -> bool:
+    return isinstance(generic, SizeExpr) or (isinstance(generic, list) and any(isinstance(g, SizeExpr) for g in generic))
+
+
+def _describe(generic) -> str:
+    return "[" + ", ".join(map(str, generic)) + "]" if isinstance(generic, list) else str(generic)
+
+
+def clear() -> None:
+    """Forgets observations and generic variants (tests)."""
+    _observed.clear()
+    _generic.clear()

@@ -1,0 +1,150 @@
+"""Shape-generic groups: a group seen at a second size compiles once with
+symbolic sizes and serves later sizes; every serve is checked."""
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lazy_mlir
+from lazy_mlir import metrics, shape_generic
+from lazy_mlir.shape_generic import SizeExpr, explain
+from helpers import LAZY, assert_compiled
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+
+
+@pytest.fixture
+def fresh(lazy_level, monkeypatch):
+    # no disk cache: every size must come from a compile or the generic code
+    monkeypatch.setattr(lazy_mlir.config.current, "cache", False)
+    shape_generic.clear()
+    yield
+    shape_generic.clear()
+
+
+def test_explain_finds_the_simplest_expression():
+    t, b = ((0, 1), [8, 16]), ((0, 0), [2, 3])
+    assert explain([8, 16], [t]) == SizeExpr(((0, 1),))
+    assert explain([14, 30], [t]) == SizeExpr(((0, 1),), scale=2, offset=-2)  # (T-1)*B, B=2 static
+    assert explain([4, 8], [t]) == SizeExpr(((0, 1),), divisor=2)
+    assert explain([16, 48], [b, t]) == SizeExpr(((0, 0), (0, 1)))  # B*T, both changed
+    # every observation must fit: 8->8, 12->12 fits s, but not 20->14
+    assert explain([8, 12, 14], [((0, 1), [8, 12, 20])]) is None
+    expr = SizeExpr(((0, 0), (0, 1)), scale=2, offset=-1)
+    assert expr.value([(3, 4)]) == 23 and str(expr) == "in0.size(0)*in0.size(1)*2-1"
+
+
+class Tagger(nn.Module):
+    """A token model whose step reshapes by batch and length (view sizes
+    baked into the graph), with a slice bound that follows the length only
+    up to ``cap`` (a constant the generic code cannot know). Each test uses
+    its own ``width``: LTC keeps compiled graphs across tests by hash."""
+
+    def __init__(self, width, cap=1000):
+        super().__init__()
+        self.emb, self.fc, self.cap = nn.Embedding(50, width), nn.Linear(width, width), cap
+
+    def forward(self, ids):
+        h = torch.relu(self.fc(self.emb(ids)))
+        b, t, c = h.shape
+        h = h[:, :min(t, self.cap)]
+        return h.reshape(b * h.shape[1], c).softmax(-1).pow(2).mean()
+
+
+def _train(model, shapes, device):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, snapshots = [], []
+    for b, t in shapes:
+        ids = torch.randint(0, 50, (b, t), generator=torch.Generator().manual_seed(b * 100 + t))
+        if device == LAZY:
+            metrics.reset()
+        loss = model(ids.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == LAZY:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+    with torch.no_grad():  # p.detach() would trace a graph per parameter
+        return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots
+
+
+def _run_both(shapes, **kw):
+    torch.manual_seed(0)
+    model = Tagger(**kw).double()
+    lazy_model = Tagger(**kw).double()
+    lazy_model.load_state_dict(model.state_dict())
+    eager = _train(model, shapes, torch.device("cpu"))
+    lazy = _train(lazy_model.to(LAZY), shapes, LAZY)
+    torch.testing.assert_close(lazy[0], eager[0], rtol=1e-12, atol=1e-12)
+    for name, p in eager[1].items():
+        torch.testing.assert_close(lazy[1][name], p, rtol=1e-12, atol=1e-12, msg=name)
+    for s in lazy[2]:
+        assert_compiled(s)
+    return lazy[2]
+
+
+def test_later_sizes_are_served_by_one_generic_compile(fresh):
+    # steps 0-1 at the first size (step 0 differs: SGD's first step), then
+    # a second length (generic compile), then lengths and a batch never seen.
+    shapes = [(2, 8), (2, 8), (2, 12), (2, 16), (2, 5), (3, 8), (3, 20)]
+    steps = _run_both(shapes, width=16)
+    compiled = [s["generic_compiles"] for s in steps]
+    served = [s["generic_hits"] for s in steps]
+    assert compiled == [0, 0, 1, 0, 0, 1, 0], compiled  # the new batch size adds a symbol once
+    assert served == [0, 0, 0, 1, 1, 0, 1], served
+    assert all(s["generic_failed"] == 0 for s in steps)
+    assert "1 sizes served" in metrics.report()
+
+
+def test_sizes_the_generic_code_does_not_cover_compile_static(fresh):
+    # batch 1 is specialised (as in Dynamo); past cap=14 the slice bound no
+    # longer follows the length, so the serve check refuses the generic code.
+    steps = _run_both([(2, 8), (2, 8), (2, 12), (1, 12), (2, 20)], width=12, cap=14)
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0, 0]
+    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 0]
+    assert steps[3]["group_cache_misses"] == 1 and steps[4]["group_cache_misses"] == 1
+
+
+def test_static_policy_compiles_every_size(fresh, monkeypatch):
+    monkeypatch.setattr(lazy_mlir.config.current, "dynamic", "static")
+    steps = _run_both([(2, 8), (2, 8), (2, 12), (2, 16)], width=8)
+    assert sum(s["generic_compiles"] + s["generic_hits"] for s in steps) == 0
+    assert [s["group_cache_misses"] for s in steps][2:] == [1, 1]
+
+
+def test_hf_gpt2_third_length_compiles_nothing(fresh):
+    """A model nobody on the team wrote: HF GPT-2 (the zoo's), AdamW, fp64,
+    lengths 8, 16, then 12: the third length runs the generic code."""
+    import zoo
+    v = zoo.base_variant("gpt2")
+    spec = zoo.SPECS["gpt2"]
+    eager_model = zoo.make_model(v, torch.float64)
+    lazy_model = zoo.make_model(v, torch.float64)
+    lazy_model.load_state_dict(eager_model.state_dict())
+    lazy_model.to(LAZY)
+    opts = spec.optimizer(eager_model), spec.optimizer(lazy_model)
+    g = torch.Generator().manual_seed(0)
+    for length in (8, 8, 16, 12):
+        (ids,) = spec.inputs(zoo.Variant("gpt2", length=length), zoo.BATCH, g)
+        metrics.reset()
+        losses = []
+        for model, opt, device in zip((eager_model, lazy_model), opts, ("cpu", LAZY)):
+            loss = spec.loss(model, ids.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) < 1e-12, (length, losses)
+        s = metrics.snapshot()
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0
+    assert s["generic_hits"] == 1 and s["generic_compiles"] == 0 and s["generic_failed"] == 0, metrics.report()
+    with torch.no_grad():
+        for (name, p), q in zip(eager_model.named_parameters(), lazy_model.parameters()):
+            torch.testing.assert_close(q.cpu(), p, rtol=1e-9, atol=1e-10, msg=name)
