@@ -13,7 +13,7 @@ os.environ["LAZY_MLIR_CACHE_DIR"] = _SESSION_CACHE
 atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 
 import lazy_mlir  # noqa: E402
-from lazy_mlir import metrics, shape_generic  # noqa: E402
+from lazy_mlir import compile_cache, metrics, shape_generic  # noqa: E402
 
 
 @pytest.fixture
@@ -23,6 +23,7 @@ def lazy_level(request):
     lazy_mlir.init(level)
     metrics.reset()
     shape_generic.clear()  # sizes seen by earlier tests do not make this one's groups generic
+    compile_cache.forget_failures()
     yield level
     lazy_mlir.init("O1")
 

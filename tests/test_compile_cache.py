@@ -255,3 +255,29 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
         assert problems == []
     assert DiskCache(str(tmp_path), 1 << 30).read("shared")[0] in (1, 2, 3)
     assert [n for n in os.listdir(tmp_path)] == ["shared" + SUFFIX]
+
+
+def test_a_group_that_failed_is_not_tried_again_in_the_next_process(lazy_level, monkeypatch):
+    from lazy_mlir import executables
+
+    def broken(graph, inputs, name, cfg):
+        raise RuntimeError("injected lowering failure")
+
+    x = torch.randn(3, 29)
+
+    def run():
+        out = (x.to(LAZY) * 5).cos().sum(0)
+        torch._lazy.mark_step()
+        return out.cpu()
+
+    monkeypatch.setattr(executables, "lower_group", broken)
+    with pytest.warns(RuntimeWarning, match=r"failed to compile \(RuntimeError: injected lowering failure\)"):
+        torch.testing.assert_close(run(), (x * 5).cos().sum(0))
+    attempts = []
+    monkeypatch.setattr(executables, "lower_group", lambda *args: attempts.append(args))
+    _hand_groups_over_again()  # as a new process would: nothing in memory, the folder on disk
+    metrics.reset()
+    with pytest.warns(RuntimeWarning, match=r"it failed before, in this environment \(RuntimeError: injected"):
+        torch.testing.assert_close(run(), (x * 5).cos().sum(0))
+    assert attempts == []  # not lowered again
+    assert any("failed before" in why for why in metrics.snapshot()["groups_fallen_back"].values())

@@ -98,6 +98,8 @@ def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
 def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, monkeypatch):
     from lazy_mlir import executables
 
+    monkeypatch.setattr(lazy_mlir.config.current, "cache", False)  # the injected failure is not remembered on disk
+
     def broken_lowering(graph, inputs, name, cfg):
         raise RuntimeError("injected lowering failure")
 

@@ -26,6 +26,7 @@ from .disk_cache import DiskCache
 from .group_lowering import LoweredGroup, load_group
 
 _entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
+_failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
 
 
 def _disk(cfg: config.Config) -> DiskCache | None:
@@ -106,6 +107,38 @@ def store(key: str, lowered: LoweredGroup, cfg: config.Config) -> None:
         warnings.warn(f"lazy_mlir: cannot store a compiled group in the cache ({exc})", RuntimeWarning, stacklevel=2)
 
 
+def _failure_key(key: str) -> str:
+    return hashlib.sha256(f"failed|{key}".encode()).hexdigest()
+
+
+def store_failure(key: str, reason: str, cfg: config.Config) -> None:
+    """Remembers that the group at ``key`` failed to lower: it is not tried
+    again in this process nor, through the disk cache, in the next one (the
+    key covers versions and lowering code, so a fix retries it)."""
+    _failures[key] = reason
+    disk = _disk(cfg)
+    if disk is not None:
+        disk.write(_failure_key(key), pickle.dumps({"key": _failure_key(key), "failed": reason}))
+
+
+def known_failure(key: str, cfg: config.Config) -> str | None:
+    """Why the group at ``key`` failed before, or None."""
+    if key in _failures:
+        return _failures[key]
+    disk = _disk(cfg)
+    entry = _read(disk, _failure_key(key)) if disk is not None else None
+    if entry is None or not isinstance(entry.get("failed"), str):
+        return None
+    _failures[key] = entry["failed"]
+    return entry["failed"]
+
+
+def forget_failures() -> None:
+    """Forgets the failures remembered in memory (tests; the folder keeps its own)."""
+    _failures.clear()
+
+
 def clear_memory() -> None:
-    """Forgets the in-memory variants (tests: the next lookup goes to disk)."""
+    """Forgets the in-memory variants and failures (tests: the next lookup goes to disk)."""
     _entries.clear()
+    _failures.clear()

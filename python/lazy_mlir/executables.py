@@ -181,6 +181,11 @@ class GroupExecutable:
             if generic is not None:
                 compile_cache.store(self.cache_key, generic, self.cfg)  # in memory: no artefacts
         if lowered is None:
+            failed = compile_cache.known_failure(self.cache_key, self.cfg)
+            if failed is not None:  # not retried every step, nor in every process
+                self._fail(GroupLoweringError(f"it failed before, in this environment ({failed}); "
+                                              "LAZY_MLIR_CACHE=0 or an emptied cache folder retries it"))
+                return None
             recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
                                       self.cfg.key())
             lowered = self._compile(inputs)
@@ -200,16 +205,21 @@ class GroupExecutable:
         try:
             lowered = self._compile_generic(inputs) or lower_group(self.graph, inputs, self.name, self.cfg)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
-            if self.cfg.level == "O2":
-                metrics.record_group_failure(self.name, self.describe, f"{type(exc).__name__}: {exc}")
-                raise GroupLoweringError(f"lazy_mlir O2: the step failed to compile ({type(exc).__name__}: {exc}); "
-                                         f"group ops: {self.describe}. Use level=\"O1\" to run such groups in "
-                                         "TorchScript.") from exc
-            report_failure(self.name, self.describe, exc)
+            compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
+            self._fail(exc)
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return lowered
+
+    def _fail(self, exc: Exception) -> None:
+        """A group that cannot be lowered: O1 runs it in TorchScript, O2 fails."""
+        if self.cfg.level == "O2":
+            metrics.record_group_failure(self.name, self.describe, f"{type(exc).__name__}: {exc}")
+            raise GroupLoweringError(f"lazy_mlir O2: the step failed to compile ({type(exc).__name__}: {exc}); "
+                                     f"group ops: {self.describe}. Use level=\"O1\" to run such groups in "
+                                     "TorchScript.") from exc
+        report_failure(self.name, self.describe, exc)
 
     def _compile_generic(self, inputs):
         """The shape-generic form when the group was seen at other sizes; None
