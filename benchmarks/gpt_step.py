@@ -1,12 +1,18 @@
 """GPT-mini training-step benchmark (DESIGN.md "Benchmarks").
 
 Runs, each in its own subprocess and in one invocation: eager,
-torch.compile(model), torch.compile(model + optimizer step), the stock
-torch._lazy TorchScript backend, and lazy_mlir O0/O1/O2. Prints a table and
-writes JSON: median ms/step after warm-up, ratios to eager and to
-torch.compile, peak RSS, compile seconds (warm-up time above the median),
-graph executions and fallbacks per step, and trace overhead (time inside
-mark_step not spent executing the graph).
+torch.compile(model) with the optimizer step eager, torch.compile(model) with
+torch.compile(optimizer.step), the stock torch._lazy TorchScript backend, and
+lazy_mlir O0/O1/O2. Eager and torch.compile run on the device that backs
+lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
+median ms/step after warm-up, ratios to eager and to each torch.compile row,
+peak RSS, compile seconds (warm-up time above the median), graph executions
+and eager fallbacks per step, and for lazy_mlir rows the step's split into
+trace / ltc / compile / glue / kernels (defined in benchmarks/lazy_step.py).
+
+A row that failed, or an O1/O2 row whose steps did not all run generated code
+(a group in TorchScript, an eager fallback, no compiled group call), shows
+FAILED and why instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/gpt_step.py [--steps 20] [--warmup 5] [--only eager,lazy_mlir_O1]
 """
@@ -14,18 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
+from child import exit_if_failed, pick_round, run_child
+from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells
+
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
             "lazy_mlir_O2"]
+COMPILE_ROWS = ("compile_model", "compile_model_opt")
 
 
-def _step_fn(variant: str, init_options: dict):
+def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
     import torch
     from lazy_mlir.models import GPTConfig, make_adamw, make_gpt
 
@@ -39,12 +47,12 @@ def _step_fn(variant: str, init_options: dict):
     elif lazy:
         import lazy_mlir
         lazy_mlir.init(variant.rsplit("_", 1)[1], **init_options)
-    device = torch.device("lazy" if lazy else "cpu")
+    device = torch.device("lazy" if lazy else backing_device())
     model = make_gpt(cfg).to(device)
     opt = make_adamw(model)
-    forward = torch.compile(model) if variant.startswith("compile_") else model
+    forward = torch.compile(model) if variant in COMPILE_ROWS else model
     opt_step = torch.compile(opt.step) if variant == "compile_model_opt" else opt.step
-    stats = {"mark_step_s": 0.0}
+    mark_step = split.mark_step if split else torch._lazy.mark_step
 
     def step(x, y):
         loss = forward(x.to(device), y.to(device))
@@ -52,33 +60,30 @@ def _step_fn(variant: str, init_options: dict):
         opt_step()
         opt.zero_grad(set_to_none=True)
         if lazy:
-            start = time.perf_counter()
-            torch._lazy.mark_step()
-            stats["mark_step_s"] = time.perf_counter() - start
+            mark_step()
         return loss.item()
 
-    return step, stats, cfg
+    return step, cfg
 
 
 def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
     """Runs in the child process. ``init_options`` go to lazy_mlir.init()."""
+    from lazy_mlir import metrics
     from lazy_mlir.models import gpt_batches
 
-    step, stats, cfg = _step_fn(variant, init_options or {})
-    lazy_metrics = None
-    if variant.startswith("lazy_mlir"):
-        from lazy_mlir import metrics as lazy_metrics
-    times, losses, overheads = [], [], []
+    split = StepSplit() if variant.startswith("lazy_mlir") else None
+    step, cfg = _step_fn(variant, init_options or {}, split)
+    times, losses = [], []
     for i, (x, y) in enumerate(gpt_batches(cfg, warmup + steps)):
-        if lazy_metrics is not None and i == warmup:
-            lazy_metrics.reset()
-        exec_before = lazy_metrics.snapshot()["seconds"]["execute"] if lazy_metrics and i >= warmup else 0.0
+        if split:
+            if i == warmup:
+                metrics.reset()
+            split.begin()
         start = time.perf_counter()
         losses.append(step(x, y))
         times.append(time.perf_counter() - start)
-        if lazy_metrics is not None and i >= warmup:
-            executed = lazy_metrics.snapshot()["seconds"]["execute"] - exec_before
-            overheads.append(stats["mark_step_s"] - executed)
+        if split:
+            split.end(start)
     median = statistics.median(times[warmup:])
     result = {
         "variant": variant,
@@ -89,14 +94,16 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
         "final_loss": losses[-1],
         "losses": losses,
     }
-    if lazy_metrics is not None:
-        s = lazy_metrics.snapshot()
+    if split:
+        s = metrics.snapshot()
         result.update({
             "executions_per_step": s["graph_executions"] / steps,
             "fallbacks_per_step": s["fallback_count"] / steps,
-            "trace_overhead_ms": statistics.median(overheads) * 1000,
-            "trace_overhead_pct": 100 * statistics.median(overheads) / median,
+            "split_ms": split.medians_ms(warmup),
         })
+        why = not_compiled(s, variant.rsplit("_", 1)[1])
+        if why:
+            result["failed"] = why
     elif variant == "ts_lazy":
         import torch._lazy.metrics as ltc
         fallbacks = sum(ltc.counter_value(n) or 0 for n in ltc.counter_names() if n.startswith("aten::"))
@@ -104,27 +111,10 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
     return result
 
 
-class ChildFailed(RuntimeError):
-    pass
-
-
-def run_child(script: str, args: list[str]) -> dict:
-    """Runs ``script args`` in a fresh process (each variant gets its own
-    torch state); the child prints its result as JSON on its last line."""
-    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    if proc.returncode != 0:
-        raise ChildFailed(proc.stderr[-2000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict | None:
-    try:
-        return run_child(__file__, ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
-                                    "--init-options", json.dumps(init_options or {})])
-    except ChildFailed as exc:
-        print(f"  {variant} failed:\n{exc}", file=sys.stderr)
-        return None
+def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
+    """The variant's result from a fresh process; {"failed": why} if it failed."""
+    return run_child(__file__, ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
+                                "--init-options", json.dumps(init_options or {})])
 
 
 def main():
@@ -152,38 +142,41 @@ def main():
             print(f"round {round_ + 1}: running {variant} ...", file=sys.stderr, flush=True)
             # The stock TS backend takes seconds per step (eager fallbacks): fewer steps.
             steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
-            result = run_in_subprocess(variant, steps, warmup, json.loads(args.init_options))
-            if result is not None:
-                runs.setdefault(variant, []).append(result)
-    results = {v: sorted(rs, key=lambda r: r["ms_per_step"])[len(rs) // 2] for v, rs in runs.items()}
+            runs.setdefault(variant, []).append(run_in_subprocess(variant, steps, warmup, json.loads(args.init_options)))
+    results = {v: pick_round(rs) for v, rs in runs.items()}
+    failed = {v: r["failed"] for v, r in results.items() if "failed" in r}
 
-    eager = results.get("eager", {}).get("ms_per_step")
-    best_compile = min((results[v]["ms_per_step"] for v in ("compile_model", "compile_model_opt") if v in results),
-                       default=None)
-    print(f"\nGPT-mini step, {args.steps} timed steps after {args.warmup} warm-up (median), "
+    ok = {v: r for v, r in results.items() if v not in failed}
+    eager = ok.get("eager", {}).get("ms_per_step")
+    compiled = [ok.get(v, {}).get("ms_per_step") for v in COMPILE_ROWS]
+    print(f"\nGPT-mini step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved round(s)")
-    header = f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/compile':>9}{'compile s':>10}{'RSS MB':>8}" \
-             f"{'exec/step':>10}{'fallb/step':>11}{'trace ovh':>10}{'loss':>9}"
-    print(header)
+    print(f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}{'compile s':>10}{'RSS MB':>8}"
+          f"{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
     for v, r in results.items():
+        if v in failed:
+            print(f"{v:<20}  FAILED: {failed[v]}")
+            continue
         ms = r["ms_per_step"]
-        print(f"{v:<20}{ms:>9.1f}{ms / eager if eager else float('nan'):>8.2f}"
-              f"{ms / best_compile if best_compile else float('nan'):>9.2f}{r['compile_s']:>10.1f}"
-              f"{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
-              f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
-              f"{(str(round(r['trace_overhead_pct'], 1)) + '%') if 'trace_overhead_pct' in r else '':>10}"
+        print(f"{v:<20}{ms:>9.1f}" + "".join(f"{ms / base if base else float('nan'):>{w}.2f}"
+                                            for base, w in ((eager, 8), *zip(compiled, (9, 9))))
+              + f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
+              f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
               f"{r['final_loss']:>9.4f}")
-    if "ts_lazy" in results:
+    print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
+          "torch.compile(optimizer.step); split columns (ms, medians): see benchmarks/lazy_step.py")
+    if "ts_lazy" in ok:
         print("  ts_lazy: the stock torch._lazy TorchScript backend, q/k/v sliced (its split returns CPU "
-              f"tensors), {results['ts_lazy']['steps']} timed steps")
-    if "eager" in results:
-        ref = results["eager"]["losses"]
-        for v, r in results.items():
+              f"tensors), {ok['ts_lazy']['steps']} timed steps")
+    if "eager" in ok:
+        ref = ok["eager"]["losses"]
+        for v, r in ok.items():
             diff = max(abs(a - b) for a, b in zip(ref, r["losses"]))
             print(f"  max |loss - eager loss| {v:<20} {diff:.2e}")
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nJSON: {args.json}")
+    exit_if_failed(failed)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import re
 import tempfile
 
 import mlir_passes
+from child import exit_if_failed, pick_round
 from gpt_step import run_in_subprocess
 
 # Passes that can be left out without making groups uncompilable
@@ -42,16 +43,20 @@ def main():
             with tempfile.TemporaryDirectory() as dump_dir:
                 result = run_in_subprocess("lazy_mlir_O1", args.steps, args.warmup,
                                            {"pipeline": ",".join(passes), "dump_dir": dump_dir})
-                if result is not None:
-                    runs.setdefault(label, []).append(result | generated_code_stats(dump_dir))
-    rows = {label: sorted(rs, key=lambda r: r["ms_per_step"])[len(rs) // 2] for label, rs in runs.items()}
-    base = rows["default"]["ms_per_step"]
+                runs.setdefault(label, []).append(result | generated_code_stats(dump_dir))
+    rows = {label: pick_round(rs) for label, rs in runs.items()}
+    failed = {label: r["failed"] for label, r in rows.items() if "failed" in r}
+    base = rows["default"].get("ms_per_step", float("nan"))
     print(f"GPT-mini O1, {args.steps} steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved rounds")
     print(f"{'pipeline':<28}{'ms/step':>9}{'vs default':>11}{'kernels':>9}{'allocs':>8}{'extern':>8}")
     for label, r in rows.items():
+        if label in failed:
+            print(f"{label:<28}  FAILED: {failed[label]}")
+            continue
         print(f"{label:<28}{r['ms_per_step']:>9.1f}{r['ms_per_step'] / base:>11.2f}{r['fused_kernels']:>9}"
               f"{r['allocations']:>8}{r['extern_calls']:>8}")
+    exit_if_failed(failed)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""A lazy_mlir benchmark row: its step time split into parts, the check that
+it timed compiled code, and the device its eager baselines run on.
+
+The split (milliseconds, each the median over the timed steps; a step's
+parts add up to its time, their medians need not add up to the median step):
+
+    trace    step start to mark_step's entry: the user's forward, backward
+             and optimizer step run in Python while LTC records the graph
+    ltc      inside mark_step, neither compiling nor executing: LTC's sync
+             (hashing the graph, its cache lookup, a miss's lowering to
+             TorchScript, the data handles of inputs and outputs)
+    compile  LTC graph compiles (lazy_mlir's clustering and group binding)
+             plus group builds (TS -> FX -> MLIR -> Inductor, at a group's
+             first run); 0 once the step is warm
+    glue     executing the graph outside compiled groups: the TorchScript
+             interpreter around the groups' calls
+    kernels  inside compiled groups: the generated code with its Python
+             call wrapper
+    read     after mark_step: reading the loss (its data is there already)
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+SPLIT = ("trace", "ltc", "compile", "glue", "kernels", "read")
+SPLIT_HEADER = "".join(f"{name:>8}" for name in SPLIT)
+
+
+def backing_device() -> str:
+    """The device behind torch.device("lazy") (lazy_mlir's Config.device): the
+    eager and torch.compile baselines run there, so that rows compare."""
+    from lazy_mlir.config import Config
+    return Config().device
+
+
+class StepSplit:
+    """Times the parts of lazy steps. Per step: ``begin()`` before the step's
+    clock starts, ``mark_step()`` in place of torch._lazy.mark_step(),
+    ``end(start)`` after the clock stops (``start``: its perf_counter() value).
+    Metrics must not be reset between begin() and end()."""
+
+    def __init__(self):
+        from lazy_mlir import metrics
+        self._metrics = metrics
+        self.steps: list[dict[str, float]] = []
+
+    def begin(self) -> None:
+        self._before = self._metrics.snapshot()["seconds"]
+
+    def mark_step(self) -> None:
+        import torch._lazy
+        self._entry = time.perf_counter()
+        torch._lazy.mark_step()
+        self._exit = time.perf_counter()
+
+    def end(self, start: float) -> None:
+        stop = time.perf_counter()
+        after = self._metrics.snapshot()["seconds"]
+        d = {k: after[k] - self._before.get(k, 0.0) for k in after}
+        self.steps.append({
+            "trace": self._entry - start,
+            "ltc": self._exit - self._entry - d["compile"] - d["execute"],
+            "compile": d["compile"] + d["group_build"],
+            "glue": d["execute"] - d["group_run"],
+            "kernels": d["group_run"] - d["group_build"],
+            "read": stop - self._exit,
+        })
+
+    def medians_ms(self, skip: int) -> dict[str, float]:
+        """Per part, the median over the steps after the first ``skip``."""
+        timed = self.steps[skip:]
+        return {part: statistics.median(s[part] for s in timed) * 1000 for part in SPLIT}
+
+
+def split_cells(split: dict[str, float] | None) -> str:
+    """The split's columns of a table row (blank for a row without one)."""
+    if not split:
+        return " " * len(SPLIT_HEADER)
+    return "".join(f"{split[part]:>8.1f}" for part in SPLIT)
+
+
+def not_compiled(s: dict, level: str) -> str | None:
+    """Why a lazy_mlir row at ``level`` did not time compiled code over the
+    steps since metrics.reset() (``s``: metrics.snapshot()); None when it
+    did. O0 runs everything in TorchScript by design and is not checked."""
+    if level == "O0":
+        return None
+    if s["groups_fallen_back"]:
+        name, why = next(iter(s["groups_fallen_back"].items()))
+        return f"{len(s['groups_fallen_back'])} group(s) ran in TorchScript, e.g. {name}: {why[-150:]}"
+    if s["compiled_group_calls"] <= 0:
+        return "no group ran generated code"
+    if s["fallback_count"]:
+        return "eager fallbacks: " + ", ".join(f"{op} x{n}" for op, n in s["fallbacks"].items())
+    return None
