@@ -1,12 +1,16 @@
 """GPT-mini data-parallel training step on 2 CPU ranks: FSDP2 vs lazy_mlir ZeRO.
 
 Runs in one invocation (re-launching itself under torchrun, gloo, one thread
-per rank): FSDP2 (``fully_shard`` per block, then the root; eager), lazy_mlir
-ZeRO stages 1, 2 and 3, and DeepSpeed ZeRO-3 when it is installed. Each rank
+per rank): FSDP2 (``fully_shard`` per block, then the root) eager, FSDP2
+under torch.compile (the sharded model compiled, and its optimizer step),
+lazy_mlir ZeRO stages 1, 2 and 3, and DeepSpeed ZeRO-3 when it is installed. Each rank
 trains on its slice of the global batch from the same initial weights. Prints
 a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
 parameters + gradients + optimizer state against the unsharded total, and
-collective bytes per step measured against ZeRO theory (Ψ = parameter bytes).
+collective bytes per step measured against ZeRO theory (Ψ = parameter bytes),
+and ZeRO-3's step time over each FSDP2 row's, paired round by round. A
+variant that fails shows FAILED and why instead of a figure, and the script
+exits 1.
 
     .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 5] [--only fsdp2,zero3]
 """
@@ -19,14 +23,17 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 
-VARIANTS = ["fsdp2", "zero1", "zero2", "zero3", "deepspeed"]
+from child import exit_if_failed
+
+VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "deepspeed"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
 # them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
 # all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
 # reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
 # all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
-THEORY_PSI = {"fsdp2": 3, "zero1": 3, "zero2": 2, "zero3": 3, "deepspeed": 3}
+THEORY_PSI = {"fsdp2": 3, "fsdp2_compiled": 3, "zero1": 3, "zero2": 2, "zero3": 3, "deepspeed": 3}
 MIB = 2 ** 20
 
 
@@ -58,17 +65,20 @@ def _build(variant: str, cfg, args):
     from lazy_mlir.models import make_adamw, make_gpt
 
     model = make_gpt(cfg, seed=0)
-    if variant == "fsdp2":
+    if variant.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
         opt = make_adamw(model)
+        compiled = variant == "fsdp2_compiled"
+        forward = torch.compile(model) if compiled else model
+        opt_step = torch.compile(opt.step) if compiled else opt.step
 
         def step(x, y, zero_grad=True):
-            loss = model(x, y)
+            loss = forward(x, y)
             loss.backward()
-            opt.step()
+            opt_step()
             if zero_grad:
                 opt.zero_grad(set_to_none=True)
             return loss
@@ -142,36 +152,38 @@ def worker(args):
             variants.remove("deepspeed")
     if any(v.startswith("zero") for v in variants):
         import lazy_mlir
+        import lazy_mlir.zero as zero
         lazy_mlir.init()
-        try:
-            import lazy_mlir.zero as zero
-        except ImportError as e:
-            log(f"lazy_mlir.zero not importable, zero variants skipped: {e}")
-            variants = [v for v in variants if not v.startswith("zero")]
-    built = {}
+    built, failed = {}, {}
     for v in variants:
         try:
             built[v] = _build(v, cfg, args)
-        except Exception as e:  # noqa: BLE001 - e.g. lazy_mlir.zero not there yet: same on every rank
-            log(f"{v}: setup failed, skipped: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - shown as the variant's FAILED row; same on every rank
+            failed[v] = _why(e)
 
     # Timings drift: interleave the variants round by round, keep the median of
     # the per-round medians. Every round replays the same batches, so all
     # variants end after the same steps and their final losses compare.
     runs = {v: {"round_ms": []} for v in built}
     for round_ in range(args.rounds):
-        for v, (step, _) in built.items():
+        for v, (step, _) in list(built.items()):
             log(f"round {round_ + 1}: running {v} ...")
             dist.barrier()
             times = []
-            for i, (x, y) in enumerate(batches):
-                if i == args.warmup and v.startswith("zero"):
-                    zero.reset_comm_stats()
-                start = time.perf_counter()
-                loss = step(x, y)
-                times.append(time.perf_counter() - start)
+            try:
+                for i, (x, y) in enumerate(batches):
+                    if i == args.warmup and v.startswith("zero"):
+                        zero.reset_comm_stats()
+                    start = time.perf_counter()
+                    loss = step(x, y)
+                    times.append(time.perf_counter() - start)
+            except Exception as e:  # noqa: BLE001 - e.g. torch.compile of FSDP2 on gloo: a FAILED row
+                log(f"{v} failed:\n{traceback.format_exc()}")
+                failed[v] = _why(e)
+                del built[v], runs[v]
+                continue
             runs[v]["round_ms"].append(statistics.median(times[args.warmup:]) * 1000)
-            runs[v]["final_loss"] = float(loss)  # read once, outside the timed steps
+            runs[v]["final_loss"] = loss.item()  # read once, outside the timed steps
             if v.startswith("zero"):
                 comm = zero.comm_stats()
                 runs[v]["comm_bytes_per_step"] = {op: b / args.steps for op, b in comm.items()}
@@ -181,38 +193,48 @@ def worker(args):
         runs[v]["memory"] = memory() if memory else None
         runs[v]["ms_per_step"] = statistics.median(runs[v]["round_ms"])
     if rank == 0:
-        report(args, cfg, psi, runs)
+        report(args, cfg, psi, runs, failed)
     dist.destroy_process_group()
+    if rank == 0:
+        exit_if_failed(failed)
 
 
-def report(args, cfg, psi, runs):
+def _why(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def report(args, cfg, psi, runs, failed):
     print(f"\nGPT-mini ({cfg.n_layer} layers, d {cfg.n_embd}, global batch {cfg.batch_size}) on {args.nproc} "
           f"gloo ranks, {args.steps} timed steps after {args.warmup} warm-up (median), median of {args.rounds} "
           f"interleaved round(s); Ψ = {psi / MIB:.2f} MiB of parameters")
-    print(f"{'variant':<10}{'ms/step':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
+    print(f"{'variant':<16}{'ms/step':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
           f"{'comm MiB/step':>15}{'theory':>16}{'meas/th':>9}{'loss':>9}")
     for v, r in runs.items():
         mem, theory = r["memory"], THEORY_PSI[v] * psi
         comm = sum(r["comm_bytes_per_step"].values()) if "comm_bytes_per_step" in r else None
         r.update(theory_comm_bytes_per_step=theory, comm_vs_theory=comm / theory if comm is not None else None)
-        print(f"{v:<10}{r['ms_per_step']:>9.1f}"
+        print(f"{v:<16}{r['ms_per_step']:>9.1f}"
               + (f"{mem['total'] / MIB:>10.2f}{mem['unsharded_total'] / MIB:>10.2f}"
                  f"{mem['total'] / mem['unsharded_total']:>7.2f}" if mem else f"{'n/a':>10}{'n/a':>10}{'n/a':>7}")
               + (f"{comm / MIB:>15.2f}" if comm is not None else f"{'n/a':>15}")
               + f"{f'{THEORY_PSI[v]}Ψ = {theory / MIB:.2f}':>16}"
               + (f"{comm / theory:>9.2f}" if comm is not None else f"{'n/a':>9}") + f"{r['final_loss']:>9.4f}")
-    ratio = paired = None
-    if {"zero3", "fsdp2"} <= runs.keys():
-        # each round runs FSDP2 and ZeRO-3 back to back: their ratio is taken
-        # per round (side by side, under the same machine load), then the median
-        rounds = [z / f for z, f in zip(runs["zero3"]["round_ms"], runs["fsdp2"]["round_ms"])]
-        paired = statistics.median(rounds)
-        ratio = runs["zero3"]["ms_per_step"] / runs["fsdp2"]["ms_per_step"]
-        print(f"  ZeRO-3 / FSDP2 step time: {paired:.2f}, median of the per-round ratios "
-              f"({', '.join(f'{r:.2f}' for r in rounds)}; target <= 0.9); ratio of the medians {ratio:.2f}")
+    for v, why in failed.items():
+        print(f"{v:<16}  FAILED: {why}")
+    ratios = {}
+    for fsdp in ("fsdp2", "fsdp2_compiled"):
+        if {"zero3", fsdp} <= runs.keys():
+            # each round runs FSDP2 and ZeRO-3 back to back: their ratio is taken
+            # per round (side by side, under the same machine load), then the median
+            rounds = [z / f for z, f in zip(runs["zero3"]["round_ms"], runs[fsdp]["round_ms"])]
+            paired = ratios[f"zero3_over_{fsdp}"] = statistics.median(rounds)
+            ratio = ratios[f"zero3_over_{fsdp}_of_medians"] = runs["zero3"]["ms_per_step"] / runs[fsdp]["ms_per_step"]
+            print(f"  ZeRO-3 / {fsdp} step time: {paired:.2f}, median of the per-round ratios "
+                  f"({', '.join(f'{r:.2f}' for r in rounds)}; target <= 0.9); ratio of the medians {ratio:.2f}")
     with open(args.json, "w") as f:
-        json.dump({"config": vars(args), "psi_bytes": psi, "zero3_over_fsdp2": paired,
-                   "zero3_over_fsdp2_of_medians": ratio, "variants": runs}, f, indent=1)
+        json.dump({"config": vars(args), "psi_bytes": psi, **ratios, "variants": runs, "failed": failed}, f,
+                  indent=1)
     print(f"\nJSON: {args.json}")
 
 
@@ -246,7 +268,7 @@ def main():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
            os.path.abspath(__file__), "--worker", *sys.argv[1:]]
     # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     sys.exit(subprocess.run(cmd, env=env).returncode)
 
 
