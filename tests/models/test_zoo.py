@@ -54,6 +54,11 @@ FP64_TOLERANCE = dict(rtol=1e-9, atol=1e-10)
 # eager with the initial weights scaled by 1 + 1e-7 (an fp32 rounding).
 FP32_ISLANDS = {"llama": "LlamaRMSNorm and the rotary embedding compute in fp32",
                 "t5": "T5LayerNorm computes its variance in fp32"}
+# At its second image size ViT interpolates its position embeddings with
+# bicubic upsampling, traced through torch._decomp's decomposition: its sums
+# run in another order than aten's CPU kernel (1.7e-15 relative forward in
+# fp64), which AdamW amplifies on near-zero gradients (~1e-9 after 5 steps).
+ROUNDING_AT_OTHER_LENGTH = {"vit": "bicubic position-embedding interpolation: another summation order"}
 NOISE_FLOOR_FACTOR = 10
 # Lazy bernoulli draws when the glue graph runs; for T5 (only) its masks are
 # not eager's: with dropout its losses differ by ~0.3, the same with both
@@ -102,11 +107,12 @@ def test_matches_eager(lazy_o1, v, shapes):
         assert (no_dropout.losses - lazy.losses).abs().max() > 1e-4  # lazy dropout dropped
         torch.testing.assert_close(lazy.losses, eager.losses, rtol=0.2, atol=0)  # other masks, same model
         return
-    if v.model in FP32_ISLANDS:
+    if v.model in FP32_ISLANDS or (shapes and v.model in ROUNDING_AT_OTHER_LENGTH):
         floor = max_diffs(eager, training.train(v, CPU, perturb=1e-7, shapes=shapes))
         diffs = max_diffs(eager, lazy)
         assert all(d <= NOISE_FLOOR_FACTOR * f for d, f in zip(diffs, floor)), \
-            f"(loss, param) diffs {diffs} vs noise floor {floor} ({FP32_ISLANDS[v.model]})"
+            f"(loss, param) diffs {diffs} vs noise floor {floor} " \
+            f"({FP32_ISLANDS.get(v.model) or ROUNDING_AT_OTHER_LENGTH[v.model]})"
     else:
         torch.testing.assert_close(lazy.losses, eager.losses, **FP64_TOLERANCE)
         for name, p in eager.params.items():
