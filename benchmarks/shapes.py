@@ -1,0 +1,127 @@
+"""Training at several sequence lengths: static compiles vs shape-generic groups.
+
+A model nobody on the team wrote (the test zoo's Hugging Face GPT-2 or
+Llama, fp32, AdamW, ``lazy_mlir.prepare``) trains at lengths 8, 16, 12, 14
+and 10, once with ``dynamic="static"`` (every length
+compiles its own groups) and once with ``dynamic="auto"`` (the second length
+compiles shape-generic groups, later lengths run them). Each variant runs in
+its own process with empty lazy_mlir and Inductor caches, so both start cold.
+
+Per length and variant: the first step's seconds (tracing + any compile);
+then, once every length has compiled, the median ms of ``--steps`` steps at
+that length, each paired with a step at the first length (static code in
+both variants), and the median of the per-pair ratios: on a loaded 2-core
+machine step times drift several-fold within a minute, the pairs do not.
+Per variant: groups compiled, served by generic code. A variant with an
+eager fallback or a group run in TorchScript gets no figures. Losses must
+agree between the variants (fp32 kernels: 1e-4).
+
+    .venv/bin/python benchmarks/shapes.py [--model gpt2] [--steps 8] [--lengths 8,16,12,14,10]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
+VARIANTS = ("static", "auto")
+
+
+def child(model_name: str, dynamic: str, lengths: list[int], steps: int) -> dict:
+    import torch
+    sys.path.insert(0, ZOO_DIR)
+    import zoo
+
+    import lazy_mlir
+    from lazy_mlir import metrics
+    lazy_mlir.init("O1", dynamic=dynamic, progress=False)
+    v, spec = zoo.base_variant(model_name), zoo.SPECS[model_name]
+    model = zoo.make_model(v, torch.float32).to("lazy")
+    opt = spec.optimizer(model)
+    lazy_mlir.prepare(model, opt)
+    g = torch.Generator().manual_seed(0)
+
+    def step(length):
+        batch = spec.inputs(zoo.Variant(model_name, v.attn, v.dropout, length), zoo.BATCH, g)
+        start = time.perf_counter()
+        loss = spec.loss(model, *(t.to("lazy") for t in batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch._lazy.mark_step()
+        losses.append(loss.item())
+        return time.perf_counter() - start
+
+    rows, losses, totals = [], [], {"groups_built": 0, "generic_hits": 0, "generic_compiles": 0}
+    metrics.reset()
+    for length in lengths:  # first steps: tracing and compiling
+        rows.append({"length": length, "first_s": step(length)})
+        step(length)  # a second step of the length: the code it runs from now on
+    s = metrics.snapshot()
+    if s["fallback_count"] or s["groups_fallen_back"]:
+        raise RuntimeError(f"not all compiled code\n{metrics.report()}")
+    totals = {k: s[k] for k in totals}
+    for row in rows:  # timed steps, each paired with one at the first length
+        pairs = [(step(row["length"]), step(lengths[0])) for _ in range(steps)]
+        row["ms"] = 1e3 * statistics.median(t for t, _ in pairs)
+        row["per_first"] = statistics.median(t / f for t, f in pairs)
+    return {"rows": rows, "losses": losses, **totals}
+
+
+def run(variant: str, args) -> dict:
+    folders = [tempfile.mkdtemp(prefix=f"shapes_{variant}_") for _ in range(2)]
+    env = {**os.environ, "LAZY_MLIR_CACHE_DIR": folders[0], "TORCHINDUCTOR_CACHE_DIR": folders[1]}
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
+                               "--steps", str(args.steps), "--lengths", args.lengths],
+                              env=env, capture_output=True, text=True)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"variant {variant} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--lengths", default="8,16,12,14,10")
+    parser.add_argument("--child", choices=VARIANTS)
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if args.child:
+        print(json.dumps(child(args.model, args.child, lengths, args.steps)))
+        return
+    results = {variant: run(variant, args) for variant in VARIANTS}
+    static, auto = results["static"], results["auto"]
+    drift = max(abs(a - b) for a, b in zip(static["losses"], auto["losses"]))
+    if drift > 1e-4:
+        raise SystemExit(f"losses differ between the variants by {drift:.2e}")
+    print(f"{args.model}, fp32, AdamW, {args.steps} timed pairs per length; max loss difference static/auto "
+          f"{drift:.1e}")
+    print("| length | static first step s | auto first step s | static ms/step | auto ms/step "
+          "| static / first length | auto / first length |")
+    print("|---|---|---|---|---|---|---|")
+    for s, a in zip(static["rows"], auto["rows"]):
+        print(f"| {s['length']} | {s['first_s']:.1f} | {a['first_s']:.1f} | {s['ms']:.1f} | {a['ms']:.1f} "
+              f"| {s['per_first']:.2f} | {a['per_first']:.2f} |")
+    total = {v: sum(r["first_s"] for r in results[v]["rows"]) for v in VARIANTS}
+    print(f"first steps in all: static {total['static']:.1f} s, auto {total['auto']:.1f} s "
+          f"({total['auto'] / total['static']:.2f}x)")
+    for v in VARIANTS:
+        r = results[v]
+        print(f"{v}: {r['groups_built']} groups built, {r['generic_compiles']} compiled shape-generic, "
+              f"{r['generic_hits']} sizes served by generic code")
+
+
+if __name__ == "__main__":
+    main()
