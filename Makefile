@@ -37,21 +37,27 @@ $(DEPS): requirements.txt
 # --no-build-isolation: build against the pinned torch installed above.
 $(STAMPS)/install: $(DEPS) pyproject.toml CMakeLists.txt $(CXX_SOURCES)
 	$(BIN)/python -m pip install -q --no-build-isolation --no-deps -e .
-	@touch $@
+	@rm -f $(STAMPS)/asan && touch $@
 
 # AddressSanitizer: the extension built instrumented into build/asan and
-# copied over the installed one (the next `make setup`, `test` or `demo`
-# reinstalls the normal build), libasan and libstdc++ preloaded into Python
-# so torch's and gloo's frees are checked too (double and invalid frees).
+# put in place of the installed one ($(STAMPS)/asan says it is there; the next
+# `make setup`, `test` or `demo` reinstalls the normal build), libasan and
+# libstdc++ preloaded into Python so torch's and gloo's frees are checked too
+# (double and invalid frees). The copy is renamed into place: a process that
+# has the installed .so loaded keeps its own (cp would rewrite it under it).
 ASAN_RUN := LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
 	ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0:halt_on_error=1
 RUNS ?= 50
-asan: $(STAMPS)/install
+asan: $(STAMPS)/asan
+$(STAMPS)/asan: $(DEPS) pyproject.toml CMakeLists.txt $(CXX_SOURCES)
+	$(MAKE) --no-print-directory $(STAMPS)/install
 	cmake -S . -B build/asan -DPython_EXECUTABLE=$(abspath $(BIN)/python) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DCMAKE_CXX_FLAGS="-fsanitize=address -fno-omit-frame-pointer" -DCMAKE_MODULE_LINKER_FLAGS=-fsanitize=address
 	cmake --build build/asan -j2
-	cp build/asan/_C*.so "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/lazy_mlir/"
+	so=$$(cd build/asan && echo _C*.so) && dest="$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/lazy_mlir" \
+		&& cp build/asan/$$so "$$dest/.$$so.asan" && mv -f "$$dest/.$$so.asan" "$$dest/$$so"
 	rm -f $(STAMPS)/install
+	@touch $@
 
 asan-soak: asan
 	$(ASAN_RUN) $(BIN)/python tools/zero_soak.py --runs $(RUNS)
