@@ -176,8 +176,9 @@ class GroupExecutable:
         # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
         lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg)
         generic = None
-        if lowered is None:
-            lowered = generic = shape_generic.lookup(self.graph, inputs, self.cfg)
+        sighting = shape_generic.sight(self.graph, inputs, self.cfg)  # also on a hit: sizes seen count
+        if lowered is None and sighting is not None:
+            lowered = generic = shape_generic.lookup(sighting, inputs)
             if generic is not None:
                 compile_cache.store(self.cache_key, generic, self.cfg)  # in memory: no artefacts
         if lowered is None:
@@ -188,22 +189,24 @@ class GroupExecutable:
                 return None
             recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
                                       self.cfg.key())
-            lowered = self._compile(inputs)
+            lowered = self._compile(inputs, sighting)
             if lowered is None:
                 return None
             compile_cache.store(self.cache_key, lowered, self.cfg)
-        shape_generic.observe(self.graph, inputs, self.cfg)
+        if sighting is not None:
+            shape_generic.observe(sighting)
         if generic is None:  # a size served by generic code is no new variant
             recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe,
                                    self.cfg, self.cfg.key())
         return lowered
 
-    def _compile(self, inputs):
+    def _compile(self, inputs, sighting=None):
         start = time.perf_counter()
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
         try:
-            lowered = self._compile_generic(inputs) or lower_group(self.graph, inputs, self.name, self.cfg)
+            lowered = ((sighting and self._compile_generic(inputs, sighting))
+                       or lower_group(self.graph, inputs, self.name, self.cfg))
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
             self._fail(exc)
@@ -221,17 +224,17 @@ class GroupExecutable:
                                      "TorchScript.") from exc
         report_failure(self.name, self.describe, exc)
 
-    def _compile_generic(self, inputs):
+    def _compile_generic(self, inputs, sighting):
         """The shape-generic form when the group was seen at other sizes; None
         (compile the static form) when it cannot be made or fails."""
-        planned = shape_generic.plan(self.graph, inputs, self.cfg)
+        planned = shape_generic.plan(sighting, inputs)
         if planned is None:
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic", file=sys.stderr,
                   flush=True)
         try:
-            lowered = shape_generic.compile_generic(self.graph, inputs, self.name, self.cfg, planned)
+            lowered = shape_generic.compile_generic(self.graph, inputs, self.name, self.cfg, sighting, planned)
         except Exception as exc:  # noqa: BLE001 - the static form is always there to fall back on
             metrics.count_cache("generic_failed")
             warnings.warn(f"lazy_mlir: fusion group {self.name} could not be compiled shape-generic "

@@ -158,13 +158,16 @@ def _instantiate(generic, shapes):
 
 
 @dataclasses.dataclass
-class _Observation:
+class Sighting:
+    """A group at one set of sizes, read once per compile miss: its family,
+    size constants, input sizes and integer scalar inputs' values."""
+    family: str
     constants: list
     shapes: list[tuple[int, ...]]
-    scalars: dict[int, int]  # the 0-d integer inputs' values
+    scalars: dict[int, int]
 
 
-_observed: dict[str, list[_Observation]] = {}  # family -> sizes seen (the first MAX_OBSERVATIONS)
+_observed: dict[str, list[Sighting]] = {}  # family -> sizes seen (the first MAX_OBSERVATIONS)
 _generic: dict[str, list[GenericGroup]] = {}
 MAX_OBSERVATIONS = 16
 
@@ -181,43 +184,41 @@ def enabled(cfg: config.Config) -> bool:
     return cfg.dynamic == "auto" and "zero-" not in (cfg.pipeline or "") and not cfg.dump_dir
 
 
-def lookup(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config) -> LoweredGroup | None:
-    """A generic variant that serves ``inputs``'s sizes (counted "generic_hit")."""
+def sight(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config) -> Sighting | None:
+    """What the other functions need of a group at a compile miss; None when
+    shape-generic groups are off."""
     if not enabled(cfg):
         return None
-    variants = _generic.get(family(graph, inputs, cfg))
-    if not variants:
-        return None
-    constants = size_constants(graph)
-    for variant in variants:
-        if variant.admits(constants, inputs):
+    return Sighting(family(graph, inputs, cfg), size_constants(graph), [tuple(t.shape) for t in inputs],
+                    _integer_scalars(inputs))
+
+
+def lookup(sighting: Sighting, inputs: list[torch.Tensor]) -> LoweredGroup | None:
+    """A generic variant that serves ``inputs``'s sizes (counted "generic_hit")."""
+    for variant in _generic.get(sighting.family, ()):
+        if variant.admits(sighting.constants, inputs):
             metrics.count_cache("generic_hit")
             return dataclasses.replace(variant.lowered, artifacts=None)
     return None
 
 
-def observe(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config) -> None:
+def observe(sighting: Sighting) -> None:
     """Remembers the sizes a family was seen at."""
-    if not enabled(cfg):
-        return
-    seen = _observed.setdefault(family(graph, inputs, cfg), [])
-    shapes = [tuple(t.shape) for t in inputs]
-    if len(seen) < MAX_OBSERVATIONS and all(o.shapes != shapes for o in seen):
-        seen.append(_Observation(size_constants(graph), shapes, _integer_scalars(inputs)))
+    seen = _observed.setdefault(sighting.family, [])
+    if len(seen) < MAX_OBSERVATIONS and all(o.shapes != sighting.shapes for o in seen):
+        seen.append(sighting)
 
 
-def plan(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config):
+def plan(sighting: Sighting, inputs: list[torch.Tensor]):
     """(dynamic dims, size constants template, scalar input expressions) when
     the group was seen at other sizes and every size constant and integer
     scalar input that varies has an expression fitting all sizes seen; else
     None. Dims that ever varied stay symbolic (automatic dynamic)."""
-    if not enabled(cfg):
-        return None
-    shapes = [tuple(t.shape) for t in inputs]
-    seen = [o for o in _observed.get(family(graph, inputs, cfg), ()) if o.shapes != shapes]
+    shapes = sighting.shapes
+    seen = [o for o in _observed.get(sighting.family, ()) if o.shapes != shapes]
     if not seen:
         return None
-    points = seen + [_Observation(size_constants(graph), shapes, _integer_scalars(inputs))]
+    points = seen + [sighting]
     dynamic = {(i, d) for i, shape in enumerate(shapes) for d in range(len(shape))
                if any(o.shapes[i][d] != shape[d] for o in seen)}
     if any(shapes[i][d] < 2 for i, d in dynamic):
@@ -226,13 +227,13 @@ def plan(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config):
         return None
     sizes = [((i, d), [o.shapes[i][d] for o in points]) for i, d in sorted(dynamic)]
     template = []
-    for k in range(len(points[-1].constants)):
+    for k in range(len(sighting.constants)):
         generic = _generalize([o.constants[k] for o in points], sizes)
         if generic is None:
             return None
         template.append(generic)
     scalar_exprs = {}
-    for i in points[-1].scalars:
+    for i in sighting.scalars:
         values = [o.scalars[i] for o in points]
         if len(set(values)) > 1:
             scalar_exprs[i] = explain(values, sizes)
@@ -259,7 +260,7 @@ def _integer_scalars(inputs: list[torch.Tensor]) -> dict[int, int]:
 
 
 def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config,
-                    planned) -> LoweredGroup:
+                    sighting: Sighting, planned) -> LoweredGroup:
     """Compiles the generic form planned by ``plan`` and registers it. Raises
     on any failure (the caller compiles the static form instead)."""
     dynamic, template, scalar_exprs = planned
@@ -278,9 +279,9 @@ def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str
     variant = GenericGroup(lowered, [tuple(t.shape) for t in inputs], [tuple(t.stride()) for t in inputs],
                            set(dynamic), template, scalar_exprs, shape_env.produce_guards_expression(fakes),
                            shape_env)
-    if not variant.admits(size_constants(graph), inputs):
+    if not variant.admits(sighting.constants, inputs):
         raise RuntimeError("the generic form does not admit the sizes it was compiled at")
-    _generic.setdefault(family(graph, inputs, cfg), []).append(variant)
+    _generic.setdefault(sighting.family, []).append(variant)
     if cfg.logs("recompiles") or cfg.logs("dynamic"):
         exprs = ", ".join([f"#{k}: {_describe(g)}" for k, g in size_exprs.items()] +
                           [f"in{i}: {e}" for i, e in scalar_exprs.items()])
