@@ -93,7 +93,6 @@ class _Converter:
         self.size_exprs = size_exprs or {}
         self.scalar_exprs = scalar_exprs or {}
         self.num_size_constants = 0
-        self.placeholders: list[fx.Node] = []
         self.sym_sizes: dict[tuple[int, int], fx.Node] = {}
         self.symbolic_scalars: dict[fx.Node, fx.Node] = {}  # 0-d size tensor -> its SymInt node
         self.graph = fx.Graph()
@@ -121,7 +120,6 @@ class _Converter:
             placeholder.meta["val"] = (self.input_fakes[i] if self.input_fakes is not None
                                        else self.fake_mode.from_tensor(example, static_shapes=True))
             self.env[value] = placeholder
-            self.placeholders.append(placeholder)
         for node in self.ts_graph.nodes():
             self._convert_node(node)
         outputs = [self.env[v] for v in self.ts_graph.outputs()]
@@ -168,7 +166,7 @@ class _Converter:
     def sym_size(self, input_index: int, dim: int) -> fx.Node:
         key = (input_index, dim)
         if key not in self.sym_sizes:
-            placeholder = self.placeholders[input_index]
+            placeholder = list(self.input_index)[input_index]  # placeholders, in input order
             node = self.graph.call_function(torch.ops.aten.sym_size.int, (placeholder, dim))
             node.meta["val"] = placeholder.meta["val"].shape[dim]
             self.sym_sizes[key] = node
