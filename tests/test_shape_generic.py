@@ -148,3 +148,14 @@ def test_hf_gpt2_third_length_compiles_nothing(fresh):
     with torch.no_grad():
         for (name, p), q in zip(eager_model.named_parameters(), lazy_model.parameters()):
             torch.testing.assert_close(q.cpu(), p, rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_a_failed_generic_compile_falls_back_to_the_static_form(fresh, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected generic failure")
+
+    monkeypatch.setattr(shape_generic, "lower_group", broken)
+    with pytest.warns(RuntimeWarning, match=r"could not be compiled shape-generic \(RuntimeError: injected"):
+        steps = _run_both([(2, 8), (2, 8), (2, 12)], width=20)
+    assert steps[2]["generic_failed"] == 1 and steps[2]["generic_compiles"] == 0
+    assert steps[2]["group_cache_misses"] == 1  # compiled static; _run_both checked eager numerics
