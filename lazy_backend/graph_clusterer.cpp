@@ -2,6 +2,8 @@
 
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
+#include "draw_order.h"
+
 #include <queue>
 
 namespace lazy_mlir {
@@ -65,6 +67,24 @@ void GraphClusterer::classifyNodes() {
       }
     }
   }
+  Node* last_draw = nullptr;
+  for (Node* n : graph_->nodes()) {
+    if (class_[n] != NodeClass::kNotCompilable || !isRandomOp(n->kind())) continue;
+    if (last_draw != nullptr) previous_draw_[n] = last_draw;
+    last_draw = n;
+  }
+}
+
+// What `n` must come after: the producers of its inputs and, for a random
+// draw in the glue graph, the draw before it.
+std::vector<Node*> GraphClusterer::predecessors(Node* n) const {
+  std::vector<Node*> result;
+  for (Value* v : n->inputs()) {
+    if (v->node()->kind() != prim::Param) result.push_back(v->node());
+  }
+  auto draw = previous_draw_.find(n);
+  if (draw != previous_draw_.end()) result.push_back(draw->second);
+  return result;
 }
 
 void GraphClusterer::assignGroups() {
@@ -73,9 +93,7 @@ void GraphClusterer::assignGroups() {
   int max_depth = 0;
   for (Node* n : graph_->nodes()) {
     int d = 0;
-    for (Value* v : n->inputs()) {
-      Node* p = v->node();
-      if (p->kind() == prim::Param) continue;
+    for (Node* p : predecessors(n)) {
       d = std::max(d, depth[p] + (class_[p] == NodeClass::kNotCompilable ? 1 : 0));
     }
     depth[n] = d;
@@ -118,9 +136,7 @@ void GraphClusterer::orderNodesByGroup() {
     const int u = unitOf(nodes[i], static_cast<int>(i));
     members[u].push_back(nodes[i]);
     first_seen[u] = std::min(first_seen[u], static_cast<int>(i));
-    for (Value* v : nodes[i]->inputs()) {
-      Node* p = v->node();
-      if (p->kind() == prim::Param) continue;
+    for (Node* p : predecessors(nodes[i])) {
       const int pu = unitOf(p, index[p]);
       if (pu == u) continue;
       successors[pu].push_back(u);

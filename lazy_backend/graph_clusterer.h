@@ -9,6 +9,8 @@
 // compilable nodes of one depth form one group. A path from a group back to
 // itself would cross a non-compilable node and so raise the depth, hence the
 // groups can never form a cycle, and each group is as large as it can be.
+// Random draws left in the graph keep their order (draw_order.h): each counts
+// as an input of the next, for the depth and for the order of the nodes.
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>
@@ -42,6 +44,7 @@ class GraphClusterer {
  private:
   void splitSharedPlumbing();
   void classifyNodes();
+  std::vector<torch::jit::Node*> predecessors(torch::jit::Node* n) const;
   void assignGroups();
   void orderNodesByGroup();
   std::vector<torch::jit::Node*> buildGroups();
@@ -50,6 +53,7 @@ class GraphClusterer {
   Classifier classify_;
   std::unordered_map<torch::jit::Node*, NodeClass> class_;
   std::unordered_map<torch::jit::Node*, int> group_;  // node -> group id; absent: stays outside
+  std::unordered_map<torch::jit::Node*, torch::jit::Node*> previous_draw_;
   int num_groups_ = 0;
 };
 

@@ -6,9 +6,11 @@
 
 #include "../runtime/run_stats.h"
 #include "compiled_computation.h"
+#include "draw_order.h"
 #include "graph_clusterer.h"
 #include "group_binder.h"
 #include "python_hooks.h"
+#include "source_locations.h"
 
 namespace lazy_mlir {
 
@@ -89,16 +91,17 @@ std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
 std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringContext(
     const std::string& name, torch::lazy::BackendDevice device,
     c10::ArrayRef<const torch::lazy::Node*> post_order, torch::lazy::Util::EmissionMap emit_status) const {
+  const std::vector<const torch::lazy::Node*> reordered = inDrawOrder(post_order);
+  if (!reordered.empty()) post_order = reordered;
   auto context = ts_->CreateLoweringContext(name, std::move(device), post_order, std::move(emit_status));
   // The TS lowering names the Python frame current at lowering (mark_step's)
   // on every node; the trace-time frame is in the IR node's metadata.
   static const auto source = c10::Symbol::attr("source");
   auto* ts_context = static_cast<torch::lazy::TSLoweringContext*>(context.get());
   for (const torch::lazy::Node* node : post_order) {
-    const auto& frames = node->metadata().frame_info;
-    if (frames.empty()) continue;
-    const auto& frame = frames.front();
-    const std::string where = frame.file + " " + frame.function + " " + std::to_string(frame.line);
+    const torch::lazy::SourceLocation* frame = userFrame(node);
+    if (frame == nullptr) continue;
+    const std::string where = frame->file + " " + frame->function + " " + std::to_string(frame->line);
     for (size_t i = 0; i < node->num_outputs(); ++i) {
       torch::jit::Node* lowered = ts_context->GetOutputOp(torch::lazy::Output(node, i))->node();
       if (lowered->hasAttribute(source)) lowered->s_(source, where);

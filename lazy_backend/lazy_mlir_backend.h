@@ -56,8 +56,9 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
                                            std::optional<at::ScalarType> type) const override {
     return ts_->MakeTensorFromComputationData(data, type);
   }
-  // Lowers through the TS backend, then stamps each TorchScript node with the
-  // source line recorded when its op was traced.
+  // Lowers through the TS backend, random ops in trace order (draw_order.h),
+  // then stamps each TorchScript node with the source line recorded when its
+  // op was traced.
   std::unique_ptr<torch::lazy::LoweringContext> CreateLoweringContext(
       const std::string& name, torch::lazy::BackendDevice device,
       c10::ArrayRef<const torch::lazy::Node*> post_order,

@@ -8,6 +8,7 @@
 #include "../runtime/compiled_group.h"
 #include "../runtime/run_stats.h"
 #include "builtin_op_node.h"
+#include "draw_order.h"
 #include "graph_clusterer.h"
 #include "meta_kernels.h"
 #include "lazy_mlir_backend.h"
@@ -64,10 +65,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,
-        "Record the innermost user frame (skipping files under the given prefixes) on traced ops.");
+        "Record on traced ops their trace order and, with record_frames, the innermost user frame "
+        "(skipping files under the given prefixes).",
+        py::arg("internal_prefixes"), py::arg("record_frames"));
+  m.def("set_random_ops", &lazy_mlir::setRandomOps,
+        "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
-  // LTC records a traced op's Python frames only with this flag; without it,
-  // the TS lowering names the frame of mark_step for every op.
+  // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
   m.def("stats", [] { return lazy_mlir::RunStats::get().snapshot(); });
   m.def("reset_stats", [] { lazy_mlir::RunStats::get().reset(); });

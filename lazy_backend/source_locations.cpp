@@ -5,11 +5,19 @@
 
 #include <frameobject.h>
 
+#include <atomic>
 #include <unordered_map>
 
 namespace lazy_mlir {
 
 namespace {
+
+// The trace order rides in frame_info as a last, synthetic entry: LTC gives
+// a frame function no access to the node being created.
+const char* const kTraceOrderFile = "<trace order>";
+
+std::atomic<bool> g_record_frames{true};
+std::atomic<int64_t> g_next_trace_order{0};
 
 std::vector<std::string>& internalPrefixes() {
   static auto* prefixes = new std::vector<std::string>();
@@ -61,12 +69,34 @@ std::vector<torch::lazy::SourceLocation> innermostUserFrame() {
   return result;
 }
 
+std::vector<torch::lazy::SourceLocation> traceMetadata() {
+  std::vector<torch::lazy::SourceLocation> frames;
+  if (g_record_frames.load(std::memory_order_relaxed)) frames = innermostUserFrame();
+  frames.push_back({kTraceOrderFile, std::to_string(g_next_trace_order.fetch_add(1)), 0});
+  return frames;
+}
+
+bool isTraceOrder(const torch::lazy::SourceLocation& frame) { return frame.file == kTraceOrderFile; }
+
 }  // namespace
 
-void installSourceLocations(std::vector<std::string> internal_prefixes) {
+void installSourceLocations(std::vector<std::string> internal_prefixes, bool record_frames) {
   pybind11::gil_scoped_acquire gil;
   internalPrefixes() = std::move(internal_prefixes);
-  torch::lazy::GetPythonFramesFunction() = innermostUserFrame;
+  g_record_frames = record_frames;
+  torch::lazy::GetPythonFramesFunction() = traceMetadata;
+}
+
+const torch::lazy::SourceLocation* userFrame(const torch::lazy::Node* node) {
+  const auto& frames = node->metadata().frame_info;
+  if (frames.empty() || isTraceOrder(frames.front())) return nullptr;
+  return &frames.front();
+}
+
+int64_t traceOrder(const torch::lazy::Node* node) {
+  const auto& frames = node->metadata().frame_info;
+  if (frames.empty() || !isTraceOrder(frames.back())) return -1;
+  return std::stoll(frames.back().function);
 }
 
 }  // namespace lazy_mlir

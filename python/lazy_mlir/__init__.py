@@ -38,8 +38,10 @@ def init(level: str = "O1", **options) -> config.Config:
         dump.check_dir(cfg.dump_dir, "dump_dir" if "dump_dir" in options else "LAZY_MLIR_DUMP_DIR")
     _init_ts_backend(cfg.device)  # the TS backend must exist before we wrap it
     config.current = cfg
-    _C.install_source_locations(list(syncs.INTERNAL_DIRS))  # traced ops record the user's frame
-    _C.set_ltc_ir_debug(cfg.source_lines)  # LTC records frames per traced op only in IR-debug mode
+    # traced ops record their trace order (random draws keep it) and the user's frame
+    _C.install_source_locations(list(syncs.INTERNAL_DIRS), record_frames=cfg.source_lines)
+    _C.set_random_ops(sorted(compilable.RANDOM_OPS))
+    _C.set_ltc_ir_debug(True)  # LTC calls the frame function only in IR-debug mode
     lazy_kernels.install()
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one

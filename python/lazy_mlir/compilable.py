@@ -17,14 +17,16 @@ PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit
                   "aten::FloatImplicit", "aten::BoolImplicit"}
 
 # Ops kept in TorchScript: host syncs, and random ops whose stream of draws
-# must match eager PyTorch exactly.
-DENIED = {
-    "aten::_local_scalar_dense", "aten::item", "aten::bernoulli", "aten::dropout",
-    "aten::native_dropout", "aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like",
-    "aten::randint", "aten::randint_like", "aten::randperm", "aten::normal", "aten::uniform",
-    "aten::multinomial", "aten::exponential", "aten::geometric", "aten::cauchy", "aten::log_normal",
-    "aten::random",
+# must match eager PyTorch exactly (the C++ core keeps RANDOM_OPS in trace
+# order: lazy_backend/draw_order.h).
+HOST_SYNCS = {"aten::_local_scalar_dense", "aten::item"}
+RANDOM_OPS = {
+    "aten::bernoulli", "aten::dropout", "aten::native_dropout", "aten::rand", "aten::rand_like",
+    "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like", "aten::randperm",
+    "aten::normal", "aten::uniform", "aten::multinomial", "aten::exponential", "aten::geometric",
+    "aten::cauchy", "aten::log_normal", "aten::random",
 }
+DENIED = HOST_SYNCS | RANDOM_OPS
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 _allowed: set[str] = set()
