@@ -230,3 +230,29 @@ def test_composites_that_call_their_own_out_variant_are_traced(lazy_level):
         torch.testing.assert_close(out.cpu(), f(x, y))
     s = metrics.snapshot()
     assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
+
+
+def test_composite_kernels_that_use_views_or_resize_are_traced(lazy_level):
+    """Composite kernels run below functionalization: addr/rot90/any.dims/
+    unsafe_split call view ops, logsumexp resizes an empty out= buffer; the
+    lazy device refuses both. Each op is then traced another way, in the same
+    graph, and the refused view is not counted as an eager fallback (the first
+    refusal per op and process costs one graph execution: LTC's fallback moves
+    the arguments to the CPU before refusing). adaptive_max_pool2d's
+    decomposition returns NotImplemented: traced as a node."""
+    x, u, v = torch.randn(7, 13), torch.randn(7), torch.randn(13)
+    p = torch.randn(1, 2, 7, 13)
+    ops = [lambda: torch.addr(x, u, v), lambda: torch.rot90(x, 1, (0, 1)),
+           lambda: torch.any(x > 1, dim=(0, 1)), lambda: torch.unsafe_split(x, 3, dim=1)[2],
+           lambda: torch.logsumexp(x, dim=1), lambda: F.adaptive_max_pool2d(p, (3, 4))]
+    eager = [f() for f in ops]
+    x, u, v, p = x.to(LAZY), u.to(LAZY), v.to(LAZY), p.to(LAZY)
+    for step in range(2):
+        metrics.reset()
+        outs = [f() for f in ops]
+        torch._lazy.mark_step()
+        for out, want in zip(outs, eager):
+            torch.testing.assert_close(out.cpu(), want)
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
+    assert {"aten::addr", "aten::rot90", "aten::logsumexp"} <= set(lazy_kernels.composite_ops())

@@ -30,17 +30,32 @@ sibling (same name, same non-out arguments) therefore gets a kernel that
 traces the sibling and copies the result into the mutated arguments.
 
 A decomposition that raises or returns non-lazy tensors is not trusted again
-and the op moves on to 3. Kernels sit below autograd: derivatives stay aten's.
+and the op moves on to 3; one that returns ``NotImplemented`` (it does not
+handle these arguments, e.g. ``adaptive_max_pool2d``'s) goes to 3 for that call.
+
+Functional ops that do have a kernel, aten's CompositeExplicitAutograd one,
+also run below functionalization, and some of those kernels use views
+(``addr``, ``rot90``, ``any.dims``, ``unsafe_split``) or resize an empty out=
+buffer (``logsumexp``), which the lazy device refuses. Each such op (tensor
+inputs, no Lazy kernel of its own) gets a kernel that runs the composite
+kernel as before; the first time it hits one of those refusals, the op is
+traced from then on like its decomposition: the composite kernel re-run
+under functionalization (views become ``*_copy`` ops), else 3, else 4.
+Costs: ~7 us of Python per call of such an op; the first refused view per op
+and process executes the pending graph (LTC's fallback moves the arguments to
+the CPU before refusing), and is not counted as an eager fallback.
+Kernels sit below autograd: derivatives stay aten's.
 """
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _C, syncs
+from . import _C, metrics, syncs
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
@@ -49,6 +64,8 @@ _untrusted: set[str] = set()  # ops whose decomposition failed on lazy tensors
 _DECOMPOSED: set[str] = set()
 _BUILTIN: set[str] = set()
 _MUTABLE: set[str] = set()
+_COMPOSITE: set[str] = set()       # composite kernels run through _composite_kernel
+_COMPOSITE_REFUSED: set[str] = set()  # ... that hit a lazy-device refusal: traced another way now
 
 
 # --------------------------------------------------------------- hand-written
@@ -279,15 +296,20 @@ def _decomposed_kernel(op, decomposition):
         active = _active_ops()
         if name in _untrusted or name in active:
             return _builtin_kernel(op)(*args, **kwargs)
+        out = None
         active.add(name)
         try:
             out = _functionalized(decomposition, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure means: don't trust it
             reason = f"{type(exc).__name__}: {exc}"
+            if _refusal(exc):  # LTC counted the refused view op as a fallback; the op is traced below
+                metrics.count_refused_fallback(_refusal(exc))
         else:
             reason = None if all(_is_lazy(x) for x in tree_flatten(out)[0]) else "returned non-lazy tensors"
         finally:
             active.discard(name)
+        if out is NotImplemented:  # the decomposition does not handle these arguments
+            return _builtin_kernel(op)(*args, **kwargs)
         if reason is None:
             return out
         _untrusted.add(name)
@@ -320,6 +342,96 @@ def _functionalized(fn, args, kwargs):
             return tree_map(unwrap, fn(*tree_map(wrap, args), **tree_map(wrap, kwargs)))
         finally:
             torch._disable_functionalization()
+
+
+# ------------------------------------------------------ composite kernels
+# What the lazy device refuses inside a composite kernel (it runs below
+# functionalization): a view op (LTC's eager fallback refuses views), or an
+# out= buffer of another size (see _mutable_kernel).
+_REFUSED_VIEW = re.compile(r"The operator (\S+) appears to be a view operator, but it has no implementation "
+                           r"for the backend \"lazy")
+_REFUSED_RESIZE = "the lazy device cannot resize it"
+
+
+def _refusal(exc: Exception) -> str | None:
+    """The view op the lazy device refused ('aten::view'), '' for a resize, else None."""
+    match = _REFUSED_VIEW.search(str(exc))
+    if match:
+        return match.group(1)
+    return "" if _REFUSED_RESIZE in str(exc) else None
+
+
+def _composite_kernel(op):
+    name = _qualified(op)
+    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+    tensor_out = all(isinstance(r.type, torch.TensorType) for r in op._schema.returns)
+
+    def run_composite(*args, **kwargs):
+        return op.redispatch(composite, *args, **kwargs)
+
+    def kernel(*args, **kwargs):
+        if name not in _COMPOSITE_REFUSED:
+            try:
+                return run_composite(*args, **kwargs)
+            except (RuntimeError, NotImplementedError) as exc:
+                refused = _refusal(exc)
+                if refused is None:
+                    raise  # the user's error (shapes, dtypes): eager gives it too
+                if refused:
+                    metrics.count_refused_fallback(refused)
+                _COMPOSITE_REFUSED.add(name)
+        active = _active_ops()
+        if name not in active:
+            active.add(name)
+            try:
+                out = _functionalized(run_composite, args, kwargs)
+                if all(_is_lazy(x) for x in tree_flatten(out)[0]):
+                    return out
+            except (RuntimeError, NotImplementedError) as exc:
+                refused = _refusal(exc)
+                if refused is None:
+                    raise
+                if refused:
+                    metrics.count_refused_fallback(refused)
+            finally:
+                active.discard(name)
+        if tensor_out:
+            return _builtin_kernel(op)(*args, **kwargs)
+        return eager_fallback(op, args, kwargs)
+
+    return kernel
+
+
+def _runs_composite_on_lazy(qualified: str) -> bool:
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return (has(qualified, "CompositeExplicitAutograd") and not has(qualified, "CompositeImplicitAutograd")
+            and not _has_own_lazy_kernel(qualified))
+
+
+def _has_own_lazy_kernel(qualified: str) -> bool:
+    """A Lazy kernel registered for the op itself (LTC's or ours), not a
+    composite kernel the dispatcher fills in for it."""
+    lazy = [line for line in torch._C._dispatch_dump_table(qualified).splitlines() if line.startswith("Lazy:")]
+    return bool(lazy) and "[kernel]" in lazy[0]
+
+
+def _composite_candidate(op: torch._ops.OpOverload) -> bool:
+    """A functional op with tensor inputs whose Lazy entry is its composite kernel."""
+    schema = op._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return False
+    if torch.Tag.nondeterministic_seeded in op.tags or not schema.returns:
+        return False
+    tensor = lambda t: isinstance(t, torch.TensorType) or (  # noqa: E731
+        isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType))
+    if not all(tensor(r.type) for r in schema.returns):
+        return False
+    return any(tensor(a.type) for a in schema.arguments)  # factories: no lazy tensor to view
+
+
+def composite_ops() -> list[str]:
+    """Ops whose composite kernel hit a lazy-device refusal and are traced another way."""
+    return sorted(_COMPOSITE_REFUSED)
 
 
 def decomposed_ops() -> list[str]:
@@ -389,6 +501,12 @@ def install() -> None:
             # buffer (logical_not, frexp, kthvalue...), which the lazy device
             # cannot resize: trace the sibling itself.
             _register_functional(sibling)
+    for qualified in torch._C._dispatch_get_all_op_names():  # after all the above: ops still composite
+        if qualified.startswith("aten::") and _runs_composite_on_lazy(qualified):
+            op = _resolve(qualified)
+            if op is not None and _composite_candidate(op):
+                _LIB.impl(qualified[len("aten::"):], _composite_kernel(op), "Lazy")
+                _COMPOSITE.add(qualified)
 
 
 def _register_functional(op) -> None:

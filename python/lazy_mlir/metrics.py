@@ -29,12 +29,22 @@ _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" .
 
 # LTC counters that are syncs the user asked for, not fallbacks.
 _USER_SYNCS = {"aten::_local_scalar_dense"}
+# LTC counts a view op's eager fallback before refusing it; lazy_kernels
+# catches that refusal and traces the op another way: not a fallback.
+_refused: collections.Counter = collections.Counter()
 
 
 def count_fallback(op_name: str, source: str) -> None:
     with _lock:
         _fallbacks[op_name] += 1
         _fallback_sources[f"{op_name} at {source}"] += 1
+
+
+def count_refused_fallback(op_name: str) -> None:
+    """LTC counted ``op_name`` as an eager fallback but refused to run it
+    (a view op); the caller recovered, so it is not reported as a fallback."""
+    with _lock:
+        _refused[op_name] += 1
 
 
 def count_sync(source: str) -> None:
@@ -105,8 +115,11 @@ def _ltc_counter(name: str) -> int:
 
 def ltc_fallback_counts() -> dict[str, int]:
     """LTC's eager-fallback counters (op name -> calls) since reset()."""
-    return {name: _ltc_counter(name) for name in ltc_metrics.counter_names()
-            if name.startswith("aten::") and name not in _USER_SYNCS}
+    with _lock:
+        refused = dict(_refused)
+    counts = {name: _ltc_counter(name) - refused.get(name, 0) for name in ltc_metrics.counter_names()
+              if name.startswith("aten::") and name not in _USER_SYNCS}
+    return {name: n for name, n in counts.items() if n > 0}
 
 
 def snapshot() -> dict:
@@ -175,6 +188,7 @@ def reset() -> None:
     with _lock:
         _fallbacks.clear()
         _fallback_sources.clear()
+        _refused.clear()
         _syncs.clear()
         _groups.clear()
         _fallen_back.clear()
