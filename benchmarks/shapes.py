@@ -12,6 +12,10 @@ then, once every length has compiled, the median ms of ``--steps`` steps at
 that length, each paired with a step at the first length (static code in
 both variants), and the median of the per-pair ratios: on a loaded 2-core
 machine step times drift several-fold within a minute, the pairs do not.
+Kernels run on ``--threads`` threads (default 1): with 2 OpenMP threads on 2
+cores, another busy process stalls every parallel region (a step at a
+static length took 180 ms instead of 13), and generic code, with other
+loops, suffered more (the 2x "generic price" once reported here).
 Per variant: groups compiled, served by generic code. A variant with an
 eager fallback or a group run in TorchScript gets no figures. Losses must
 agree between the variants (fp32 kernels: 1e-4).
@@ -34,8 +38,9 @@ ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"
 VARIANTS = ("static", "auto")
 
 
-def child(model_name: str, dynamic: str, lengths: list[int], steps: int) -> dict:
+def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads: int) -> dict:
     import torch
+    torch.set_num_threads(threads)
     sys.path.insert(0, ZOO_DIR)
     import zoo
 
@@ -80,7 +85,8 @@ def run(variant: str, args) -> dict:
     env = {**os.environ, "LAZY_MLIR_CACHE_DIR": folders[0], "TORCHINDUCTOR_CACHE_DIR": folders[1]}
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
-                               "--steps", str(args.steps), "--lengths", args.lengths],
+                               "--steps", str(args.steps), "--lengths", args.lengths,
+                               "--threads", str(args.threads)],
                               env=env, capture_output=True, text=True)
     finally:
         for folder in folders:
@@ -95,19 +101,20 @@ def main() -> None:
     parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--lengths", default="8,16,12,14,10")
+    parser.add_argument("--threads", type=int, default=1, help="kernel threads (torch.set_num_threads)")
     parser.add_argument("--child", choices=VARIANTS)
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.child:
-        print(json.dumps(child(args.model, args.child, lengths, args.steps)))
+        print(json.dumps(child(args.model, args.child, lengths, args.steps, args.threads)))
         return
     results = {variant: run(variant, args) for variant in VARIANTS}
     static, auto = results["static"], results["auto"]
     drift = max(abs(a - b) for a, b in zip(static["losses"], auto["losses"]))
     if drift > 1e-4:
         raise SystemExit(f"losses differ between the variants by {drift:.2e}")
-    print(f"{args.model}, fp32, AdamW, {args.steps} timed pairs per length; max loss difference static/auto "
-          f"{drift:.1e}")
+    print(f"{args.model}, fp32, AdamW, {args.threads} thread(s), {args.steps} timed pairs per length; "
+          f"max loss difference static/auto {drift:.1e}")
     print("| length | static first step s | auto first step s | static ms/step | auto ms/step "
           "| static / first length | auto / first length |")
     print("|---|---|---|---|---|---|---|")
