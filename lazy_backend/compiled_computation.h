@@ -3,7 +3,10 @@
 // graph it was made from and the configuration it was compiled under. LTC
 // caches computations by graph hash alone, so after lazy_mlir.init() changes
 // the configuration, the backend recompiles from the source graph instead of
-// running stale code (variants are kept per configuration).
+// running stale code (variants are kept per configuration). LTC's hash also
+// misses which parameter each shared device-data use reads
+// (parameter_binding.h): the computation remembers the binding it was
+// lowered for and keeps variants for the other bindings met under its hash.
 #pragma once
 
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
@@ -12,6 +15,9 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
+
+#include "parameter_binding.h"
 
 namespace lazy_mlir {
 
@@ -25,6 +31,19 @@ class CompiledComputation : public torch::lazy::TSComputation {
       : TSComputation(glue), source_(std::move(source)), config_key_(std::move(config_key)) {}
 
   const std::string& configKey() const { return config_key_; }
+
+  const GraphBinding& binding() const { return binding_; }
+  void setBinding(GraphBinding binding) { binding_ = std::move(binding); }
+
+  // The variant lowered for the device-data uses hashed `uses_hash`, lowered
+  // by `lower` on first use.
+  std::shared_ptr<CompiledComputation> forBinding(
+      uint64_t uses_hash, const std::function<std::shared_ptr<CompiledComputation>()>& lower) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& variant = binding_variants_[uses_hash];
+    if (!variant) variant = lower();
+    return variant;
+  }
 
   // This computation if compiled under `config_key`, else the variant for it,
   // compiled on first use.
@@ -43,6 +62,8 @@ class CompiledComputation : public torch::lazy::TSComputation {
   std::string config_key_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<CompiledComputation>> variants_;
+  GraphBinding binding_;
+  std::map<uint64_t, std::shared_ptr<CompiledComputation>> binding_variants_;
 };
 
 }  // namespace lazy_mlir

@@ -9,6 +9,7 @@
 #include "draw_order.h"
 #include "graph_clusterer.h"
 #include "group_binder.h"
+#include "parameter_binding.h"
 #include "python_hooks.h"
 #include "source_locations.h"
 
@@ -81,6 +82,10 @@ std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
     // The TS computation's graph is the LTC cache's own: keep a private copy.
     auto compiled = compileGraph(ts->graph()->copy());
     compiled->in_mark_step = ts->in_mark_step;
+    if (instances.size() == 1) {
+      compiled->setBinding(
+          LoweredOutputs::current().bindingOf(*ts->graph(), SyncRecord::current(), ts->parameters_size()));
+    }
     results.push_back(compiled);
   }
   RunStats::get().compiles.fetch_add(static_cast<int64_t>(instances.size()));
@@ -88,9 +93,50 @@ std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
   return results;
 }
 
+torch::lazy::BackendDataPtr LazyMlirBackend::CreateDataPlaceholder(const torch::lazy::BackendDevice& device,
+                                                                   const torch::lazy::Shape& shape) const {
+  SyncRecord::current().onPlaceholder();
+  return ts_->CreateDataPlaceholder(device, shape);
+}
+
+torch::lazy::BackendDataPtr LazyMlirBackend::GetComputationDataFromNode(const torch::lazy::Node* node) const {
+  torch::lazy::BackendDataPtr data = ts_->GetComputationDataFromNode(node);
+  SyncRecord::current().onNode(node, data);
+  return data;
+}
+
+std::shared_ptr<CompiledComputation> LazyMlirBackend::rebind(const SyncRecord& record, const GraphBinding& binding,
+                                                             const torch::lazy::BackendDevice& device,
+                                                             bool in_mark_step) const {
+  const auto& post_order = record.postOrder();
+  const char* const why =
+      "lazy_mlir: LTC's computation cache returned a graph that reads its parameters at other uses than the "
+      "graph being run (same LTC hash, other binding), and the graph could not be lowered again: ";
+  TORCH_CHECK(post_order.size() == binding.post_order_size, why, "post-order of ", post_order.size(),
+              " nodes, the cached graph's has ", binding.post_order_size);
+  auto context = CreateLoweringContext("SyncTensorsGraph", device, post_order, torch::lazy::Util::EmissionMap());
+  for (size_t k = 0; k < binding.outputs.size(); ++k) {
+    const auto [position, index] = binding.outputs[k];
+    const torch::lazy::Node* node = post_order[position];
+    TORCH_CHECK(node->hash() == binding.output_hashes[k] && index < node->num_outputs(), why, "output ", k,
+                " is not at the cached graph's post-order position ", position);
+    context->AddResult(torch::lazy::Output(node, index));
+  }
+  torch::lazy::ComputationPtr lowered = context->Build();
+  lowered->in_mark_step = in_mark_step;
+  TORCH_CHECK(lowered->parameters_size() == static_cast<int>(record.numParameters()), why, "it has ",
+              lowered->parameters_size(), " parameters, the sync ", record.numParameters());
+  auto compiled = std::dynamic_pointer_cast<CompiledComputation>(Compile({lowered}).front());
+  TORCH_CHECK(compiled && compiled->binding().known && compiled->binding().uses_hash == record.usesHash(), why,
+              "the new lowering does not record the sync's binding");
+  RunStats::get().rebinds.fetch_add(1);
+  return compiled;
+}
+
 std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringContext(
     const std::string& name, torch::lazy::BackendDevice device,
     c10::ArrayRef<const torch::lazy::Node*> post_order, torch::lazy::Util::EmissionMap emit_status) const {
+  const c10::ArrayRef<const torch::lazy::Node*> original_order = post_order;
   const std::vector<const torch::lazy::Node*> reordered = inDrawOrder(post_order);
   if (!reordered.empty()) post_order = reordered;
   auto context = ts_->CreateLoweringContext(name, std::move(device), post_order, std::move(emit_status));
@@ -98,6 +144,17 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
   // on every node; the trace-time frame is in the IR node's metadata.
   static const auto source = c10::Symbol::attr("source");
   auto* ts_context = static_cast<torch::lazy::TSLoweringContext*>(context.get());
+  // Where each lowered value comes from in LTC's post-order (not the draw
+  // order): Compile reads the outputs' positions from it.
+  LoweredOutputs& lowered = LoweredOutputs::current();
+  lowered.reset(ts_context->graph().get(), original_order.size());
+  for (size_t position = 0; position < original_order.size(); ++position) {
+    const torch::lazy::Node* node = original_order[position];
+    for (size_t i = 0; i < node->num_outputs(); ++i) {
+      lowered.add(ts_context->GetOutputOp(torch::lazy::Output(node, i)), node, static_cast<uint32_t>(position),
+                  static_cast<uint32_t>(i));
+    }
+  }
   for (const torch::lazy::Node* node : post_order) {
     const torch::lazy::SourceLocation* frame = userFrame(node);
     if (frame == nullptr) continue;
@@ -116,6 +173,16 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
   reportExecution();
   const int64_t start = nowNs();
   if (auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation)) {
+    // LTC's cache hit may be a graph that reads the parameters at other uses
+    // (parameter_binding.h): run the variant lowered for this sync's graph.
+    SyncRecord& record = SyncRecord::current();
+    const GraphBinding& binding = compiled->binding();
+    if (binding.known && record.usesHash() != binding.uses_hash && record.describes(arguments)) {
+      const bool in_mark_step = compiled->in_mark_step;
+      compiled = compiled->forBinding(record.usesHash(), [&] { return rebind(record, binding, device, in_mark_step); });
+      computation = compiled;
+    }
+    record.onExecuted();
     const std::string key = config().second;
     if (compiled->configKey() != key) {  // lazy_mlir.init() changed the config since
       computation = compiled->forConfig(compiled, key, [this](const auto& source) {

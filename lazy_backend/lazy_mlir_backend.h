@@ -2,7 +2,8 @@
 // the TorchScript backend except Compile, where it clusters the graph into
 // fusion groups and binds each to a CompiledGroup, and ExecuteComputation,
 // which it counts and times (and where it recompiles a computation made
-// under an older configuration).
+// under an older configuration, or lowered for another parameter binding than
+// the sync's: parameter_binding.h).
 #pragma once
 
 #include <torch/csrc/lazy/backend/backend_interface.h>
@@ -45,13 +46,12 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
       const at::Scalar& scalar, const torch::lazy::BackendDevice& device) const override {
     return ts_->MakeComputationDataFromScalar(scalar, device);
   }
+  // These two also record the sync's post-order and parameter binding
+  // (parameter_binding.h): LTC makes the sync's output placeholders, then asks
+  // for each post-order node's data.
   torch::lazy::BackendDataPtr CreateDataPlaceholder(const torch::lazy::BackendDevice& device,
-                                                    const torch::lazy::Shape& shape) const override {
-    return ts_->CreateDataPlaceholder(device, shape);
-  }
-  torch::lazy::BackendDataPtr GetComputationDataFromNode(const torch::lazy::Node* node) const override {
-    return ts_->GetComputationDataFromNode(node);
-  }
+                                                    const torch::lazy::Shape& shape) const override;
+  torch::lazy::BackendDataPtr GetComputationDataFromNode(const torch::lazy::Node* node) const override;
   at::Tensor MakeTensorFromComputationData(const torch::lazy::BackendDataPtr data,
                                            std::optional<at::ScalarType> type) const override {
     return ts_->MakeTensorFromComputationData(data, type);
@@ -96,6 +96,10 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
  private:
   std::pair<Level, std::string> config() const;
   std::shared_ptr<CompiledComputation> compileGraph(const std::shared_ptr<torch::jit::Graph>& source) const;
+  // Lowers and compiles the graph of `record` (the sync being executed) with
+  // the outputs `binding` places; fails loudly if the graph is not shaped so.
+  std::shared_ptr<CompiledComputation> rebind(const SyncRecord& record, const GraphBinding& binding,
+                                              const torch::lazy::BackendDevice& device, bool in_mark_step) const;
 
   const torch::lazy::BackendImplInterface* ts_;
   mutable std::mutex config_mutex_;

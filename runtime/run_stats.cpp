@@ -15,12 +15,13 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
       {"groups_built", groups_built.load()}, {"groups_rejected", groups_rejected.load()},
       {"executions", executions.load()},     {"execute_ns", execute_ns.load()},
       {"group_calls", group_calls.load()},   {"group_ns", group_ns.load()},
+      {"rebinds", rebinds.load()},
   };
 }
 
 void RunStats::reset() {
   for (auto* c : {&compiles, &compile_ns, &groups_built, &groups_rejected, &executions,
-                  &execute_ns, &group_calls, &group_ns}) {
+                  &execute_ns, &group_calls, &group_ns, &rebinds}) {
     c->store(0);
   }
 }

@@ -18,6 +18,7 @@ struct RunStats {
   std::atomic<int64_t> execute_ns{0};        // wall time inside ExecuteComputation
   std::atomic<int64_t> group_calls{0};       // CompiledGroup::run calls
   std::atomic<int64_t> group_ns{0};          // wall time inside CompiledGroup::run
+  std::atomic<int64_t> rebinds{0};           // computations lowered again for another parameter binding
 
   static RunStats& get();
   std::map<std::string, int64_t> snapshot() const;
