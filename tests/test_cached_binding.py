@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import _C
+from lazy_mlir import metrics
 
 CPU = torch.device("cpu")
 LAZY = torch.device("lazy")
@@ -82,9 +82,9 @@ def alternating_direction(device, size, steps=4):
 def run(loop, level, size):
     lazy_mlir.init(level)
     try:
-        before = _C.stats()
+        before = metrics.snapshot()
         lazy = loop(LAZY, size)
-        after = _C.stats()
+        after = metrics.snapshot()
     finally:
         lazy_mlir.init("O1")
     eager = loop(CPU, size)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
@@ -46,6 +47,10 @@ def init(level: str = "O1", **options) -> config.Config:
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
+    if cfg.ltc_thread_pool:
+        warnings.warn("lazy_mlir: ltc_thread_pool=True runs graphs on LTC's IO thread, where a cached graph is "
+                      "not checked for its parameter binding (see README, \"A cached graph runs with the current "
+                      "graph's parameter binding\")", RuntimeWarning, stacklevel=2)
     _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg

@@ -142,6 +142,8 @@ def snapshot() -> dict:
         "mark_steps": mark_steps,
         "traces": uncached + cached,
         "compiles": stats["compiles"],
+        # LTC's cache gave a graph bound to other parameters: lowered again (parameter_binding.h)
+        "rebinds": stats["rebinds"],
         "cache_hits": cached,
         "cache_misses": uncached,
         "graph_executions": stats["executions"],
@@ -206,7 +208,8 @@ def report() -> str:
         "lazy_mlir metrics",
         f"  mark_steps           {s['mark_steps']}",
         f"  traces               {s['traces']}  (graph cache hits {s['cache_hits']}, misses {s['cache_misses']})",
-        f"  compiles             {s['compiles']}",
+        f"  compiles             {s['compiles']}" + (f"  ({s['rebinds']} for another parameter binding)"
+                                                      if s["rebinds"] else ""),
         f"  graph executions     {s['graph_executions']}  ({s['executions_per_mark_step']:.2f} per mark_step)",
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
         f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code)",
