@@ -256,3 +256,93 @@ def test_composite_kernels_that_use_views_or_resize_are_traced(lazy_level):
     s = metrics.snapshot()
     assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
     assert {"aten::addr", "aten::rot90", "aten::logsumexp"} <= set(lazy_kernels.composite_ops())
+
+
+def test_pixel_shuffle_traces_with_eager_values(lazy_level):
+    """LTC's own pixel_shuffle kernel (functionalize_aten_op) reached the op's
+    Meta kernel, which only allocates: uninitialised values, silently."""
+    assert {"aten::pixel_shuffle", "aten::pixel_unshuffle"} <= set(lazy_kernels.replaced_ops())
+    x, z = torch.randn(2, 18, 3, 5), torch.randn(2, 2, 6, 9)
+    xl, zl = _lazy_leaf(x), _lazy_leaf(z)
+    xe, ze = x.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    outs = [(F.pixel_shuffle(a, 3), F.pixel_unshuffle(b, 3)) for a, b in ((xl, zl), (xe, ze))]
+    for shuffled, unshuffled in outs:
+        (shuffled.sin().sum() + unshuffled.cos().sum()).backward()
+    torch._lazy.mark_step()
+    for got, want in zip(outs[0], outs[1]):
+        assert torch.equal(got.cpu(), want)  # data movement: exact
+    for got, want in zip((xl.grad, zl.grad), (xe.grad, ze.grad)):
+        torch.testing.assert_close(got.cpu(), want)  # generated sin/cos
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_index_select_of_a_0d_input(lazy_level):
+    """LTC's shape function refused a 0-d input ("Empty output_sizes")."""
+    x = torch.tensor(1.75)
+    outs = [torch.index_select(x.to(LAZY), 0, i.to(LAZY)) for i in (torch.tensor([0]), torch.tensor(0))]
+    outs.append(torch.index_select(torch.randn(3, 7).to(LAZY), 1, torch.tensor([6, 1]).to(LAZY)).shape)
+    torch._lazy.mark_step()
+    for out in outs[:2]:
+        assert out.shape == () and out.cpu().item() == 1.75
+    assert outs[2] == (3, 2)
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_max_pool3d_is_traced_with_its_backward(lazy_level):
+    """LTC's max_pool3d autograd kernel and max_pool3d_with_indices(_backward)
+    kernels called the eager fallback."""
+    x = torch.randn(1, 3, 5, 7, 6)
+    xl, xe = _lazy_leaf(x), x.clone().requires_grad_(True)
+    outs = []
+    for t in (xl, xe):
+        pooled = F.max_pool3d(t, 3, 2, ceil_mode=True)
+        values, indices = F.max_pool3d(t, 2, 1, dilation=(1, 2, 1), return_indices=True)
+        (pooled.sum() + 2 * values.sum()).backward()
+        outs.append((pooled, values, indices, t.grad))
+    torch._lazy.mark_step()
+    for got, want in zip(*outs):
+        assert torch.equal(got.cpu(), want)
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_mutable_ops_trace_their_functional_variant(lazy_level):
+    """_native_batch_norm_legit / _batch_norm_with_update update running stats
+    in place: traced as their *_functional variant plus copies into the stats;
+    eye.m_out (eye, matrix_power(0)) as eye.m on its out tensor's dtype."""
+    assert {"aten::_native_batch_norm_legit", "aten::_batch_norm_with_update",
+            "aten::eye.m_out"} <= set(lazy_kernels.mutable_ops())
+    x, w, b = torch.randn(6, 3, 5, dtype=torch.float64), torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    stats = [torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5]
+    calls = [lambda a, w, b, m, v: torch.ops.aten._native_batch_norm_legit(a, w, b, m, v, True, 0.3, 1e-5),
+             lambda a, w, b, m, v: torch.ops.aten._native_batch_norm_legit(a, w, b, m, v, False, 0.3, 1e-5),
+             lambda a, w, b, m, v: torch.ops.aten._batch_norm_with_update(a, w, b, m, v, 0.2, 1e-4)[:3]]
+    for call in calls:
+        metrics.reset()
+        eager_stats = [s.clone() for s in stats]
+        lazy_stats = [s.to(LAZY) for s in stats]
+        want = call(x, w, b, *eager_stats)
+        got = call(x.to(LAZY), w.to(LAZY), b.to(LAZY), *lazy_stats)
+        torch._lazy.mark_step()
+        for g, e in zip(list(got) + lazy_stats, list(want) + eager_stats):
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-12, atol=1e-12)  # reordered sums only
+        assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
+    m = torch.randn(2, 4, 4)
+    outs = [torch.eye(3, 5, device=LAZY), torch.eye(4, dtype=torch.int32, device=LAZY),
+            torch.linalg.matrix_power(m.to(LAZY), 0)]
+    torch._lazy.mark_step()
+    for got, want in zip(outs, [torch.eye(3, 5), torch.eye(4, dtype=torch.int32), torch.linalg.matrix_power(m, 0)]):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
+
+
+def test_composite_calling_a_mutable_op_without_sibling_is_traced_as_a_node(lazy_level):
+    """cummax's composite kernel calls _cummax_helper, which has no functional
+    variant: cummax itself is traced as a node (it was an eager fallback)."""
+    x = torch.randn(4, 9)
+    x[1, 3] = x[1, 2]  # a tie: the later index wins, as in eager
+    outs = [torch.cummax(x.to(LAZY), 1), torch.cummin(x.to(LAZY), 0)]
+    torch._lazy.mark_step()
+    for got, want in zip(outs, [torch.cummax(x, 1), torch.cummin(x, 0)]):
+        assert torch.equal(got.values.cpu(), want.values) and torch.equal(got.indices.cpu(), want.indices)
+    assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
+    assert {"aten::cummax", "aten::cummin"} <= set(lazy_kernels.composite_ops())

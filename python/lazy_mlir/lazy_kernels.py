@@ -45,6 +45,14 @@ Costs: ~7 us of Python per call of such an op; the first refused view per op
 and process executes the pending graph (LTC's fallback moves the arguments to
 the CPU before refusing), and is not counted as an eager fallback.
 Kernels sit below autograd: derivatives stay aten's.
+
+Mutable ops also match ``*_functional`` variants (``_native_batch_norm_legit``:
+its results, then the new running stats) and factory out= variants their
+factory (``eye.m_out`` -> ``eye.m`` on the out tensor's dtype); a composite
+kernel that calls a mutable op with no such variant (``cummax`` ->
+``_cummax_helper``) is traced as a node. Some of LTC's own Lazy kernels are
+wrong or call the eager fallback: ``LTC_REPLACED`` replaces them
+(``pixel_shuffle`` returned uninitialised memory).
 """
 from __future__ import annotations
 
@@ -66,6 +74,9 @@ _BUILTIN: set[str] = set()
 _MUTABLE: set[str] = set()
 _COMPOSITE: set[str] = set()       # composite kernels run through _composite_kernel
 _COMPOSITE_REFUSED: set[str] = set()  # ... that hit a lazy-device refusal: traced another way now
+_COMPOSITE_AS_NODE: set[str] = set()  # ... that called a mutable op with no functional sibling
+_UNMATCHED: set[str] = set()       # mutable ops with no functional sibling (see _unmatched_mutable_kernel)
+_REPLACED: set[str] = set()        # LTC's own kernels replaced (see LTC_REPLACED)
 
 
 # --------------------------------------------------------------- hand-written
@@ -99,7 +110,21 @@ def _lerp_tensor(self, end, weight):
     return aten.add.Tensor(self, aten.mul.Tensor(weight, aten.sub.Tensor(end, self)))
 
 
+def _eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # aten's kernel fills an empty buffer through eye.m_out: an eager fallback on lazy
+    rows = aten.arange.start(0, n, dtype=torch.int64, device=device)
+    cols = aten.arange.start(0, m, dtype=torch.int64, device=device)
+    diagonal = aten.eq.Tensor(aten.view_copy.default(rows, [n, 1]), cols)
+    return aten._to_copy.default(diagonal, dtype=torch.get_default_dtype() if dtype is None else dtype)
+
+
+def _eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _eye_m(n, n, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
+
+
 HAND_WRITTEN = {
+    "eye": _eye,
+    "eye.m": _eye_m,
     "split_copy.Tensor": _split_copy,
     "split_with_sizes_copy": _split_with_sizes_copy,
     "unbind_copy.int": _unbind_copy,
@@ -155,23 +180,59 @@ def _argument_key(argument) -> tuple:
     return argument.name, str(argument.type)
 
 
+_TENSOR_OPTIONS = ("dtype", "layout", "device", "pin_memory")
+
+
+def _written(schema) -> list[int]:
+    return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _sibling_targets(op: torch._ops.OpOverload, candidate: torch._ops.OpOverload) -> list | None:
+    """Where each result of functional ``candidate`` goes for mutable ``op``:
+    the index of the argument it is copied into, or None (a fresh result
+    ``op`` returns). None when ``candidate`` does not compute what ``op`` writes.
+
+    Same name (``where.self``, ``sin``): one result per mutated argument.
+    ``*_functional`` (``_native_batch_norm_legit_functional``): ``op``'s
+    results, then one per argument ``op`` updates in place (running stats)."""
+    schema, cs = op._schema, candidate._schema
+    if cs.is_mutable or not all(isinstance(r.type, torch.TensorType) for r in cs.returns):
+        return None
+    written = _written(schema)
+    inputs = [_argument_key(a) for a in schema.arguments if not a.is_out]
+    keys = [_argument_key(a) for a in cs.arguments]
+    if keys != inputs:
+        # a factory's out= variant (eye.m_out -> eye.m): the sibling's
+        # TensorOptions come from the out tensor
+        extra = [a for a in cs.arguments[len(inputs):] if a.kwarg_only and a.name in _TENSOR_OPTIONS]
+        if keys[:len(inputs)] != inputs or len(extra) != len(keys) - len(inputs) or not extra:
+            return None
+        if not (len(written) == 1 and schema.arguments[written[0]].is_out):
+            return None
+        if not _has_own_lazy_kernel(_qualified(candidate)):
+            return None  # its composite kernel would call op back with an empty({0}) out (linspace)
+    if not cs.name.endswith("_functional"):
+        return written if len(cs.returns) == len(written) else None
+    by_alias = {frozenset(schema.arguments[i].alias_info.before_set): i for i in written}
+    targets = [by_alias.get(frozenset(r.alias_info.before_set)) if r.alias_info is not None else None
+               for r in schema.returns]
+    targets += [i for i in written if i not in targets]
+    return targets if len(cs.returns) == len(targets) else None
+
+
 def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The overload that computes what mutable ``op`` writes: ``where.self``
-    for ``where.self_out``, ``sin`` for ``sin_``. Same non-out arguments,
-    one tensor result per mutated argument, no mutation of its own."""
-    schema = op._schema
-    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    inputs = [_argument_key(a) for a in schema.arguments if not a.is_out]
-    base = schema.name[len("aten::"):]
+    for ``where.self_out``, ``sin`` for ``sin_``, ``eye.m`` for ``eye.m_out``,
+    ``_native_batch_norm_legit_functional`` for ``_native_batch_norm_legit``
+    (see ``_sibling_targets``)."""
+    base = op._schema.name[len("aten::"):]
     names = [base[:-1]] if base.endswith("_") and not base.endswith("__") else [base]
+    names.append(names[0] + "_functional")
     for name in names:
         packet = getattr(aten, name, None)
         for overload in (packet.overloads() if packet is not None else ()):
             candidate = getattr(packet, overload)
-            cs = candidate._schema
-            if (not cs.is_mutable and [_argument_key(a) for a in cs.arguments] == inputs
-                    and len(cs.returns) == len(written)
-                    and all(isinstance(r.type, torch.TensorType) for r in cs.returns)):
+            if _sibling_targets(op, candidate) is not None:
                 return candidate
     return None
 
@@ -187,34 +248,69 @@ def _active_ops() -> set:
 def _mutable_kernel(op, functional):
     name = _qualified(op)
     schema = op._schema
-    written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    targets = _sibling_targets(op, functional)
     inputs = [i for i, a in enumerate(schema.arguments) if not a.is_out]
-    keywords = [a.name for a in functional._schema.arguments if a.kwarg_only]
+    formal = functional._schema.arguments
+    options = [a.name for a in formal[len(inputs):]]  # TensorOptions taken from the out tensor
+    keywords = [a.name for a in formal[:len(inputs)] if a.kwarg_only]
+    functional_name = functional._schema.name.endswith("_functional")
 
     def kernel(*args, **kwargs):
         full = _schema_arguments(op, args, kwargs)
         values = [full[i] for i in inputs]
+        extra = {}
+        if options:
+            out = full[targets[0]]
+            extra = {k: v for k, v in dict(dtype=out.dtype, layout=out.layout, device=out.device).items()
+                     if k in options}
         active = _active_ops()
         if name in active:
             # The sibling's own composite kernel calls this op back
             # (logical_not -> logical_not.out): trace the sibling as a node.
-            results = trace_builtin(functional, values, {})
+            results = trace_builtin(functional, values, extra)
         else:
             active.add(name)
             try:
                 positional = values[:len(values) - len(keywords)]
-                results = functional(*positional, **dict(zip(keywords, values[len(positional):])))
+                results = functional(*positional, **dict(zip(keywords, values[len(positional):])), **extra)
             finally:
                 active.discard(name)
         results = [results] if isinstance(results, torch.Tensor) else list(results)
-        targets = [full[i] for i in written]
-        if any(t.shape != r.shape for t, r in zip(targets, results)):
+        pairs = [(full[i], r) for i, r in zip(targets, results) if i is not None]
+        if any(t.shape != r.shape for t, r in pairs):
             # LTC's resize_ lowers to a malformed aten::resize
             raise NotImplementedError(f"lazy_mlir: {_qualified(op)} with an out= tensor of another size: "
                                       "the lazy device cannot resize it")
-        for target, result in zip(targets, results):
+        for target, result in pairs:
             target.copy_(result)
-        return targets[0] if len(targets) == 1 else tuple(targets)
+        if functional_name:  # op's own results: fresh ones, or the arguments they alias
+            fresh = iter(r for i, r in zip(targets, results) if i is None)
+            written = {frozenset(schema.arguments[i].alias_info.before_set): full[i] for i in _written(schema)}
+            returned = [written[frozenset(r.alias_info.before_set)] if r.alias_info is not None else next(fresh)
+                        for r in schema.returns]
+            return returned[0] if len(returned) == 1 else tuple(returned)
+        written = [t for t, _ in pairs]
+        return written[0] if len(written) == 1 else tuple(written)
+
+    return kernel
+
+
+_NO_SIBLING = "has no functional sibling: the composite op calling it is traced as a node"
+
+
+def _unmatched_mutable_kernel(op):
+    """A mutable op with no functional sibling (``_cummax_helper``). Called
+    from a composite kernel, it refuses (``_composite_kernel`` then traces the
+    composite op itself, e.g. ``cummax``, as a node); else LTC's eager
+    fallback runs it, as before."""
+    name = _qualified(op)
+    fallback = torch.library.get_kernel(op, "Lazy")  # LTC's eager fallback
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
+
+    def kernel(*args, **kwargs):
+        if getattr(_reentry, "composite", 0):
+            raise NotImplementedError(f"lazy_mlir: {name} {_NO_SIBLING}")
+        return fallback.call_boxed(keys, *args, **kwargs)
 
     return kernel
 
@@ -228,7 +324,7 @@ def uncovered_ops() -> list[str]:
     """aten ops that still take the eager path on the lazy device (random ops,
     ops with no functional sibling, ops Python cannot name)."""
     return sorted(q for q in torch._C._dispatch_get_all_op_names()
-                  if q.startswith("aten::") and _falls_back_on_lazy(q))
+                  if q.startswith("aten::") and (_falls_back_on_lazy(q) or q in _UNMATCHED))
 
 
 # ---------------------------------------------------------- builtin tracing
@@ -336,12 +432,18 @@ def _functionalized(fn, args, kwargs):
             return torch._from_functional_tensor(x)
         return x
 
+    # Nested (a decomposition calls an op we decompose too: max_pool3d's
+    # calls floor_divide): functionalization is on already, and enabling it
+    # twice is an error ("multiple layers of mode-style functionalization").
+    nested = torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Functionalize)
     with torch._C._ForceDispatchKeyGuard(include, exclude):
-        torch._enable_functionalization(reapply_views=False)
+        if not nested:
+            torch._enable_functionalization(reapply_views=False)
         try:
             return tree_map(unwrap, fn(*tree_map(wrap, args), **tree_map(wrap, kwargs)))
         finally:
-            torch._disable_functionalization()
+            if not nested:
+                torch._disable_functionalization()
 
 
 # ------------------------------------------------------ composite kernels
@@ -358,7 +460,7 @@ def _refusal(exc: Exception) -> str | None:
     match = _REFUSED_VIEW.search(str(exc))
     if match:
         return match.group(1)
-    return "" if _REFUSED_RESIZE in str(exc) else None
+    return "" if _REFUSED_RESIZE in str(exc) or _NO_SIBLING in str(exc) else None
 
 
 def _composite_kernel(op):
@@ -370,16 +472,24 @@ def _composite_kernel(op):
         return op.redispatch(composite, *args, **kwargs)
 
     def kernel(*args, **kwargs):
+        if name in _COMPOSITE_AS_NODE:
+            return _builtin_kernel(op)(*args, **kwargs)
         if name not in _COMPOSITE_REFUSED:
+            _reentry.composite = getattr(_reentry, "composite", 0) + 1
             try:
                 return run_composite(*args, **kwargs)
             except (RuntimeError, NotImplementedError) as exc:
                 refused = _refusal(exc)
                 if refused is None:
                     raise  # the user's error (shapes, dtypes): eager gives it too
+                if _NO_SIBLING in str(exc) and tensor_out:
+                    _COMPOSITE_AS_NODE.add(name)
+                    return _builtin_kernel(op)(*args, **kwargs)
                 if refused:
                     metrics.count_refused_fallback(refused)
                 _COMPOSITE_REFUSED.add(name)
+            finally:
+                _reentry.composite -= 1
         active = _active_ops()
         if name not in active:
             active.add(name)
@@ -431,7 +541,7 @@ def _composite_candidate(op: torch._ops.OpOverload) -> bool:
 
 def composite_ops() -> list[str]:
     """Ops whose composite kernel hit a lazy-device refusal and are traced another way."""
-    return sorted(_COMPOSITE_REFUSED)
+    return sorted(_COMPOSITE_REFUSED | _COMPOSITE_AS_NODE)
 
 
 def decomposed_ops() -> list[str]:
@@ -491,16 +601,24 @@ def install() -> None:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in mutable:  # after the functional kernels: the siblings they call
         sibling = _functional_sibling(op)
+        sibling_name = _qualified(sibling) if sibling is not None else None
         if sibling is None:
+            # Reached from a composite kernel (cummax -> _cummax_helper), the
+            # composite op is traced as a node instead; else LTC's eager fallback.
+            _LIB.impl(_qualified(op)[len("aten::"):], _unmatched_mutable_kernel(op), "Lazy")
+            _UNMATCHED.add(_qualified(op))
             continue
         _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
         _MUTABLE.add(_qualified(op))
-        sibling_name = _qualified(sibling)
         if not has(sibling_name, "Lazy") and has(sibling_name, "CompositeExplicitAutograd"):
             # Its composite kernel calls this out= variant with an empty({0})
             # buffer (logical_not, frexp, kthvalue...), which the lazy device
             # cannot resize: trace the sibling itself.
             _register_functional(sibling)
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel"
+        warnings.simplefilter("ignore")
+        for name, register in LTC_REPLACED.items():
+            register(_resolve("aten::" + name))
     for qualified in torch._C._dispatch_get_all_op_names():  # after all the above: ops still composite
         if qualified.startswith("aten::") and _runs_composite_on_lazy(qualified):
             op = _resolve(qualified)
@@ -509,12 +627,114 @@ def install() -> None:
                 _COMPOSITE.add(qualified)
 
 
+# ------------------------------------------------ LTC's own kernels, replaced
+def _register_composite_functionalized(op) -> None:
+    """LTC's ``pixel_shuffle``/``pixel_unshuffle`` kernels
+    (``functionalize_aten_op``) reach the op's Meta kernel with the lazy
+    tensors; ``pixel_shuffle``'s (``meta_pixel_shuffle``) only allocates the
+    output, which comes back uninitialised. Run aten's composite kernel
+    (reshape, permute, clone) under functionalization, as LTC meant to."""
+    qualified = _qualified(op)
+    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional)
+
+    def run_composite(*args, **kwargs):
+        return op.redispatch(composite, *args, **kwargs)
+
+    def kernel(*args, **kwargs):
+        out = _functionalized(run_composite, args, kwargs)
+        if all(_is_lazy(x) for x in tree_flatten(out)[0]):
+            return out
+        return _builtin_kernel(op)(*args, **kwargs)
+
+    _LIB.impl(qualified[len("aten::"):], kernel, "Lazy")
+    _REPLACED.add(qualified)
+
+
+def _register_traced(op) -> None:
+    """LTC's kernel calls its eager fallback (``max_pool3d_with_indices`` and
+    its backward): trace the op like one LTC lacks."""
+    _register_functional(op)
+    _REPLACED.add(_qualified(op))
+
+
+def _lazy_line(op) -> str:
+    return next((line for line in torch._C._dispatch_dump_table(_qualified(op)).splitlines()
+                 if line.startswith("Lazy:")), "")
+
+
+def _register_math_autograd(op) -> None:
+    """LTC's autograd kernel for ``max_pool3d`` (``MaxPool3dAutogradFunctionTS``)
+    calls the eager fallback of ``max_pool3d_with_indices`` and its backward
+    directly: use aten's CompositeImplicitAutograd kernel, as other backends do
+    (``max_pool3d_with_indices``, traced, with aten's derivative)."""
+    if "math kernel" not in _lazy_line(op):
+        return
+    math = torch.library.get_kernel(op, "Lazy")  # the math kernel fills the backend keys
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
+
+    def kernel(*args, **kwargs):
+        return math.call_boxed(keys, *args, **kwargs)
+
+    _LIB.impl(_qualified(op)[len("aten::"):], kernel, "AutogradLazy")
+    _REPLACED.add(_qualified(op))
+
+
+def _register_index_select(op) -> None:
+    """LTC's shape function refuses a 0-d input ("Empty output_sizes is not
+    supported"): a 0-d input is indexed as a 1-element one."""
+    ltc = torch.library.get_kernel(op, "Lazy")
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
+
+    def kernel(self, dim, index):
+        if self.dim() != 0:
+            return ltc.call_boxed(keys, self, dim, index)
+        picked = ltc.call_boxed(keys, aten.view_copy.default(self, [1]), 0, aten.view_copy.default(index, [-1]))
+        return aten.view_copy.default(picked, [])
+
+    _LIB.impl("index_select", kernel, "Lazy")
+    _REPLACED.add(_qualified(op))
+
+
+LTC_REPLACED = {
+    "pixel_shuffle": _register_composite_functionalized,
+    "pixel_unshuffle": _register_composite_functionalized,
+    "max_pool3d": _register_math_autograd,
+    "max_pool3d_with_indices": _register_traced,
+    "max_pool3d_with_indices_backward": _register_traced,
+    "index_select": _register_index_select,
+}
+
+
+def replaced_ops() -> list[str]:
+    """LTC's own Lazy kernels replaced because they are wrong or not traced."""
+    return sorted(_REPLACED)
+
+
+def _cpu_batch_norm_shapes(decomposition):
+    """torch._decomp's batch norm branches on the input's device: in eval mode
+    it returns a non-CPU device's save_mean/save_invstd (the running stats);
+    eager CPU returns empty ones. Lazy tensors are not "cpu": give CPU's
+    results when the CPU backs the lazy device."""
+    def run(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        out = decomposition(input, weight, bias, running_mean, running_var, training, momentum, eps)
+        if training or torch._C._lazy._get_default_device_type().lower() != "cpu":
+            return out
+        return (out[0], input.new_zeros((0,)), input.new_zeros((0,)), *out[3:])
+
+    return run
+
+
+_DECOMPOSITION_WRAPPERS = {"aten::_native_batch_norm_legit_functional": _cpu_batch_norm_shapes}
+
+
 def _register_functional(op) -> None:
     """Trace ``op`` through its aten-written decomposition, else as a builtin node."""
     from torch._decomp import decomposition_table
 
     qualified = _qualified(op)
     decomposition = decomposition_table.get(op)
+    if qualified in _DECOMPOSITION_WRAPPERS and decomposition is not None:
+        decomposition = _DECOMPOSITION_WRAPPERS[qualified](decomposition)
     if decomposition is not None and _aten_written(decomposition):
         _LIB.impl(qualified[len("aten::"):], _decomposed_kernel(op, decomposition), "Lazy")
         _DECOMPOSED.add(qualified)
