@@ -140,28 +140,23 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
   const std::vector<const torch::lazy::Node*> reordered = inDrawOrder(post_order);
   if (!reordered.empty()) post_order = reordered;
   auto context = ts_->CreateLoweringContext(name, std::move(device), post_order, std::move(emit_status));
-  // The TS lowering names the Python frame current at lowering (mark_step's)
-  // on every node; the trace-time frame is in the IR node's metadata.
-  static const auto source = c10::Symbol::attr("source");
   auto* ts_context = static_cast<torch::lazy::TSLoweringContext*>(context.get());
-  // Where each lowered value comes from in LTC's post-order (not the draw
-  // order): Compile reads the outputs' positions from it.
-  LoweredOutputs& lowered = LoweredOutputs::current();
-  lowered.reset(ts_context->graph().get(), original_order.size());
+  // Per lowered value: where it comes from in LTC's post-order (not the draw
+  // order; Compile reads the outputs' positions from it), and the source line
+  // its op was traced at (the TS lowering names the Python frame current at
+  // lowering, mark_step's, on every node).
+  static const auto source = c10::Symbol::attr("source");
+  LoweredOutputs& outputs = LoweredOutputs::current();
+  outputs.reset(ts_context->graph().get(), original_order.size());
   for (size_t position = 0; position < original_order.size(); ++position) {
     const torch::lazy::Node* node = original_order[position];
-    for (size_t i = 0; i < node->num_outputs(); ++i) {
-      lowered.add(ts_context->GetOutputOp(torch::lazy::Output(node, i)), node, static_cast<uint32_t>(position),
-                  static_cast<uint32_t>(i));
-    }
-  }
-  for (const torch::lazy::Node* node : post_order) {
     const torch::lazy::SourceLocation* frame = userFrame(node);
-    if (frame == nullptr) continue;
-    const std::string where = frame->file + " " + frame->function + " " + std::to_string(frame->line);
+    const std::string where =
+        frame ? frame->file + " " + frame->function + " " + std::to_string(frame->line) : std::string();
     for (size_t i = 0; i < node->num_outputs(); ++i) {
-      torch::jit::Node* lowered = ts_context->GetOutputOp(torch::lazy::Output(node, i))->node();
-      if (lowered->hasAttribute(source)) lowered->s_(source, where);
+      torch::jit::Value* value = ts_context->GetOutputOp(torch::lazy::Output(node, i));
+      outputs.add(value, node, static_cast<uint32_t>(position), static_cast<uint32_t>(i));
+      if (frame && value->node()->hasAttribute(source)) value->node()->s_(source, where);
     }
   }
   return context;
