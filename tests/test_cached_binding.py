@@ -87,6 +87,10 @@ def run(loop, level, size):
         after = metrics.snapshot()
     finally:
         lazy_mlir.init("O1")
+    if level == "O1":  # the rebound variants ran generated code, not TorchScript
+        assert after["groups_fallen_back"] == before["groups_fallen_back"], after["groups_fallen_back"]
+        calls = after["group_calls"] - before["group_calls"]
+        assert after["compiled_group_calls"] - before["compiled_group_calls"] == calls > 0, metrics.report()
     eager = loop(CPU, size)
     assert len(lazy) == len(eager)
     for i, (got, want) in enumerate(zip(lazy, eager)):
