@@ -5,7 +5,9 @@ Llama, fp32, AdamW, ``lazy_mlir.prepare``) trains at lengths 8, 16, 12, 14
 and 10, once with ``dynamic="static"`` (every length
 compiles its own groups) and once with ``dynamic="auto"`` (the second length
 compiles shape-generic groups, later lengths run them). Each variant runs in
-its own process with empty lazy_mlir and Inductor caches, so both start cold.
+its own process with empty lazy_mlir and Inductor caches, so both start cold;
+then ``auto_warm``, a second ``auto`` process on the caches the first left,
+shows what a restart costs (generic variants are stored too).
 
 Per length and variant: the first step's seconds (tracing + any compile);
 then, once every length has compiled, the median ms of ``--steps`` steps at
@@ -35,7 +37,7 @@ import tempfile
 import time
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
-VARIANTS = ("static", "auto")
+VARIANTS = ("static", "auto", "auto_warm")
 
 
 def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads: int) -> dict:
@@ -46,7 +48,7 @@ def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads
 
     import lazy_mlir
     from lazy_mlir import metrics
-    lazy_mlir.init("O1", dynamic=dynamic, progress=False)
+    lazy_mlir.init("O1", dynamic=dynamic.removesuffix("_warm"), progress=False)
     v, spec = zoo.base_variant(model_name), zoo.SPECS[model_name]
     model = zoo.make_model(v, torch.float32).to("lazy")
     opt = spec.optimizer(model)
@@ -64,7 +66,7 @@ def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads
         losses.append(loss.item())
         return time.perf_counter() - start
 
-    rows, losses, totals = [], [], {"groups_built": 0, "generic_hits": 0, "generic_compiles": 0}
+    rows, losses = [], []
     metrics.reset()
     for length in lengths:  # first steps: tracing and compiling
         rows.append({"length": length, "first_s": step(length)})
@@ -72,7 +74,9 @@ def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads
     s = metrics.snapshot()
     if s["fallback_count"] or s["groups_fallen_back"]:
         raise RuntimeError(f"not all compiled code\n{metrics.report()}")
-    totals = {k: s[k] for k in totals}
+    totals = {k: s[k] for k in ("groups_built", "generic_hits", "generic_compiles", "generic_disk_hits",
+                                "group_cache_disk_hits")}
+    totals["groups_compiled"] = s["stage_runs"].get("ts_to_fx", 0)
     for row in rows:  # timed steps, each paired with one at the first length
         pairs = [(step(row["length"]), step(lengths[0])) for _ in range(steps)]
         row["ms"] = 1e3 * statistics.median(t for t, _ in pairs)
@@ -80,17 +84,11 @@ def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads
     return {"rows": rows, "losses": losses, **totals}
 
 
-def run(variant: str, args) -> dict:
-    folders = [tempfile.mkdtemp(prefix=f"shapes_{variant}_") for _ in range(2)]
+def run(variant: str, args, folders: list[str]) -> dict:
     env = {**os.environ, "LAZY_MLIR_CACHE_DIR": folders[0], "TORCHINDUCTOR_CACHE_DIR": folders[1]}
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
-                               "--steps", str(args.steps), "--lengths", args.lengths,
-                               "--threads", str(args.threads)],
-                              env=env, capture_output=True, text=True)
-    finally:
-        for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)
+    proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
+                           "--steps", str(args.steps), "--lengths", args.lengths, "--threads", str(args.threads)],
+                          env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"variant {variant} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -108,26 +106,35 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.model, args.child, lengths, args.steps, args.threads)))
         return
-    results = {variant: run(variant, args) for variant in VARIANTS}
-    static, auto = results["static"], results["auto"]
-    drift = max(abs(a - b) for a, b in zip(static["losses"], auto["losses"]))
+    folders = {v: [tempfile.mkdtemp(prefix=f"shapes_{v}_") for _ in range(2)] for v in ("static", "auto")}
+    folders["auto_warm"] = folders["auto"]  # the second process on the first one's caches
+    try:
+        results = {variant: run(variant, args, folders[variant]) for variant in VARIANTS}
+    finally:
+        for pair in folders.values():
+            for folder in pair:
+                shutil.rmtree(folder, ignore_errors=True)
+    static, auto, warm = (results[v] for v in VARIANTS)
+    drift = max(abs(a - b) for other in (auto, warm) for a, b in zip(static["losses"], other["losses"]))
     if drift > 1e-4:
         raise SystemExit(f"losses differ between the variants by {drift:.2e}")
     print(f"{args.model}, fp32, AdamW, {args.threads} thread(s), {args.steps} timed pairs per length; "
-          f"max loss difference static/auto {drift:.1e}")
-    print("| length | static first step s | auto first step s | static ms/step | auto ms/step "
-          "| static / first length | auto / first length |")
-    print("|---|---|---|---|---|---|---|")
-    for s, a in zip(static["rows"], auto["rows"]):
-        print(f"| {s['length']} | {s['first_s']:.1f} | {a['first_s']:.1f} | {s['ms']:.1f} | {a['ms']:.1f} "
-              f"| {s['per_first']:.2f} | {a['per_first']:.2f} |")
+          f"max loss difference between variants {drift:.1e}")
+    print("| length | static first step s | auto first step s | auto, 2nd process: first step s "
+          "| static ms/step | auto ms/step | static / first length | auto / first length |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s, a, w in zip(static["rows"], auto["rows"], warm["rows"]):
+        print(f"| {s['length']} | {s['first_s']:.1f} | {a['first_s']:.1f} | {w['first_s']:.1f} | {s['ms']:.1f} "
+              f"| {a['ms']:.1f} | {s['per_first']:.2f} | {a['per_first']:.2f} |")
     total = {v: sum(r["first_s"] for r in results[v]["rows"]) for v in VARIANTS}
     print(f"first steps in all: static {total['static']:.1f} s, auto {total['auto']:.1f} s "
-          f"({total['auto'] / total['static']:.2f}x)")
+          f"({total['auto'] / total['static']:.2f}x), auto in a 2nd process {total['auto_warm']:.1f} s "
+          f"({total['auto_warm'] / total['auto']:.2f}x auto's)")
     for v in VARIANTS:
         r = results[v]
-        print(f"{v}: {r['groups_built']} groups built, {r['generic_compiles']} compiled shape-generic, "
-              f"{r['generic_hits']} sizes served by generic code")
+        print(f"{v}: {r['groups_built']} groups built, {r['groups_compiled']} compiled "
+              f"({r['generic_compiles']} shape-generic), {r['generic_hits']} sizes served by generic code "
+              f"({r['generic_disk_hits']} variants from disk), {r['group_cache_disk_hits']} static groups from disk")
 
 
 if __name__ == "__main__":

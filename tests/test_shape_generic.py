@@ -1,6 +1,7 @@
 """Shape-generic groups: a group seen at a second size compiles once with
 symbolic sizes and serves later sizes; every serve is checked."""
 import os
+import pickle
 import sys
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 import torch.nn as nn
 
 import lazy_mlir
-from lazy_mlir import metrics, shape_generic
+from lazy_mlir import compile_cache, metrics, shape_generic
+from lazy_mlir.disk_cache import SUFFIX, decode
 from lazy_mlir.shape_generic import SizeExpr, explain
 from helpers import LAZY, assert_compiled
 
@@ -107,6 +109,39 @@ def test_sizes_the_generic_code_does_not_cover_compile_static(fresh):
     assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0, 0]
     assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 0]
     assert steps[3]["group_cache_misses"] == 1 and steps[4]["group_cache_misses"] == 1
+
+
+def _as_a_new_process():
+    """What another process has: nothing in memory, the cache folder on disk."""
+    shape_generic.clear()
+    compile_cache.clear_memory()
+
+
+def test_generic_variants_serve_the_next_process_from_the_cache_folder(lazy_level, monkeypatch, tmp_path):
+    monkeypatch.setattr(lazy_mlir.config.current, "cache_dir", str(tmp_path))
+    _run_both([(2, 8), (2, 8), (2, 12)], width=28)  # stores the length-12 generic variants
+    _as_a_new_process()
+    # step 0 is the first-step graph (its static entry); then two lengths never compiled
+    steps = _run_both([(2, 8), (2, 16), (2, 5)], width=28)
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 0]
+    assert steps[1]["generic_disk_hits"] >= 1 and steps[2]["generic_disk_hits"] == 0, steps
+    for s in steps[1:]:  # every group the static cache missed ran stored generic code
+        assert s["generic_hits"] == s["group_cache_misses"] >= 1, s
+        assert "ts_to_fx" not in s["stage_runs"] and "codegen" not in s["stage_runs"], s["stage_runs"]
+    assert "variants read from disk" in metrics.report()
+
+    # a damaged variant is removed with a warning and the group compiles instead
+    _as_a_new_process()
+    entries = [pickle.loads(decode(path.read_bytes())) for path in tmp_path.glob("*" + SUFFIX)]
+    variants = [v["disk_key"] for e in entries for v in e.get("variants", ())]
+    assert variants
+    for key in variants:
+        path = tmp_path / (key + SUFFIX)
+        path.write_bytes(path.read_bytes()[:-7])
+    with pytest.warns(RuntimeWarning, match="is unusable .*truncated"):
+        steps = _run_both([(2, 8), (2, 20)], width=28)
+    assert steps[1]["generic_disk_hits"] == 0 and steps[1]["group_cache_misses"] >= 1
+    assert steps[1]["stage_runs"].get("ts_to_fx", 0) == steps[1]["group_cache_misses"]
 
 
 def test_static_policy_compiles_every_size(fresh, monkeypatch):

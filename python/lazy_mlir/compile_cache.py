@@ -29,7 +29,7 @@ _entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in gua
 _failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
 
 
-def _disk(cfg: config.Config) -> DiskCache | None:
+def disk_of(cfg: config.Config) -> DiskCache | None:
     if not cfg.cache:
         return None
     return DiskCache(cfg.cache_dir, cfg.cache_max_mb << 20)
@@ -50,7 +50,7 @@ def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) 
         if all(inputs[i].item() == v for i, v in lowered.guards):
             metrics.count_cache("hit")
             return lowered
-    disk = _disk(cfg)
+    disk = disk_of(cfg)
     lowered = _load(disk, key, inputs, name) if disk is not None else None
     if lowered is not None:
         _entries.setdefault(key, []).append(lowered)
@@ -60,7 +60,7 @@ def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) 
     return None
 
 
-def _read(disk: DiskCache, key: str) -> dict | None:
+def read_entry(disk: DiskCache, key: str) -> dict | None:
     payload = disk.read(key)
     if payload is None:
         return None
@@ -75,10 +75,10 @@ def _read(disk: DiskCache, key: str) -> dict | None:
 
 
 def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> LoweredGroup | None:
-    entry = _read(disk, key)
+    entry = read_entry(disk, key)
     if entry is not None and entry["guarded_inputs"]:
         key = _variant_key(key, _guard_values(inputs, entry["guarded_inputs"]))
-        entry = _read(disk, key)
+        entry = read_entry(disk, key)
     if entry is None:
         return None
     try:
@@ -91,7 +91,7 @@ def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> L
 def store(key: str, lowered: LoweredGroup, cfg: config.Config) -> None:
     _entries.setdefault(key, []).append(lowered)
     artifacts, lowered.artifacts = lowered.artifacts, None  # on disk from now on, not in memory
-    disk = _disk(cfg)
+    disk = disk_of(cfg)
     if disk is None or artifacts is None:
         return
     positions = [i for i, _ in lowered.guards]
@@ -116,7 +116,7 @@ def store_failure(key: str, reason: str, cfg: config.Config) -> None:
     again in this process nor, through the disk cache, in the next one (the
     key covers versions and lowering code, so a fix retries it)."""
     _failures[key] = reason
-    disk = _disk(cfg)
+    disk = disk_of(cfg)
     if disk is not None:
         disk.write(_failure_key(key), pickle.dumps({"key": _failure_key(key), "failed": reason}))
 
@@ -125,8 +125,8 @@ def known_failure(key: str, cfg: config.Config) -> str | None:
     """Why the group at ``key`` failed before, or None."""
     if key in _failures:
         return _failures[key]
-    disk = _disk(cfg)
-    entry = _read(disk, _failure_key(key)) if disk is not None else None
+    disk = disk_of(cfg)
+    entry = read_entry(disk, _failure_key(key)) if disk is not None else None
     if entry is None or not isinstance(entry.get("failed"), str):
         return None
     _failures[key] = entry["failed"]

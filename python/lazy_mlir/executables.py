@@ -178,7 +178,7 @@ class GroupExecutable:
         generic = None
         sighting = shape_generic.sight(self.graph, inputs, self.cfg)  # also on a hit: sizes seen count
         if lowered is None and sighting is not None:
-            lowered = generic = shape_generic.lookup(sighting, inputs)
+            lowered = generic = shape_generic.lookup(sighting, inputs, self.name, self.cfg)
             if generic is not None:
                 compile_cache.store(self.cache_key, generic, self.cfg)  # in memory: no artefacts
         if lowered is None:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import mlir_passes
 from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
@@ -64,8 +64,7 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
                 symbolic=None) -> LoweredGroup:
     """``symbolic`` (a ``shape_generic.Symbolic``: fake mode, fake inputs with
     symbolic sizes, size expressions) compiles the shape-generic form: then
-    Inductor's code takes any size its shape guards admit, and nothing is
-    stored on disk (the persistent cache keeps static variants)."""
+    Inductor's code takes any size its shape guards admit."""
     dump.write(name, "0.ts.txt", str(graph))
     with _Stage("ts_to_fx"):
         if symbolic is None:
@@ -100,8 +99,8 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
                           fake_inputs if symbolic is not None else None)
     dump.write(name, "4.export.fx.txt", gm.code)
     moved = _collective_bytes(gm)
-    artifacts = _cache_artifacts(gm) if cfg.cache and symbolic is None else None  # before Inductor changes gm
-    if artifacts is not None and not cfg.cache_inductor:
+    artifacts = _cache_artifacts(gm) if cfg.cache else None  # before Inductor changes gm
+    if artifacts is not None and not cfg.cache_inductor and symbolic is None:
         # Inductor's own cache keys on the graph as given: compile the form a
         # later process unpickles, so that its compile hits that cache.
         gm = pickle.loads(artifacts["graph"])
@@ -131,10 +130,13 @@ def _cache_artifacts(gm: torch.fx.GraphModule) -> dict | None:
         return None
 
 
-def load_group(artifacts: dict, guards: list, collective_bytes: dict, inputs: list, name: str) -> LoweredGroup:
+def load_group(artifacts: dict, guards: list, collective_bytes: dict, inputs: list, name: str,
+               dynamic=frozenset()) -> LoweredGroup:
     """The executable of a group lowered before (in this or another process):
     Inductor's artefact when there is one, else the exported FX graph compiled
-    again (Inductor's own cache makes that cheap). Raises when neither works."""
+    again (Inductor's own cache makes that cheap), with the ``dynamic``
+    (input, dim) sizes symbolic for a shape-generic group. Raises when
+    neither works."""
     run = None
     if artifacts.get("inductor") is not None:
         with _Stage("cache_load"):
@@ -146,12 +148,26 @@ def load_group(artifacts: dict, guards: list, collective_bytes: dict, inputs: li
     if run is None:
         with _Stage("cache_load"):
             gm = pickle.loads(artifacts["graph"])
-            # Fresh fakes of the real inputs (shapes, strides, dtypes), as ts_to_fx makes them.
-            fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
-            fake_inputs = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+            fake_mode, fake_inputs = fake_inputs_of(inputs, dynamic)
         with _Stage("codegen"):
             run, _, _ = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
     return LoweredGroup(run, list(guards), dict(collective_bytes))
+
+
+def fake_inputs_of(inputs: list, dynamic=frozenset()) -> tuple[FakeTensorMode, list]:
+    """Fakes of the real inputs (shapes, strides, dtypes), as ts_to_fx makes
+    them; the ``dynamic`` (input, dim) sizes are symbols of the mode's
+    ShapeEnv, one per dim (equalities come from the ops, as guards)."""
+    if not dynamic:
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+        return fake_mode, [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False))
+    fakes = []
+    for i, t in enumerate(inputs):
+        sizes = [DimDynamic.DYNAMIC if (i, d) in dynamic else DimDynamic.STATIC for d in range(t.dim())]
+        fakes.append(fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+                     if DimDynamic.DYNAMIC in sizes else fake_mode.from_tensor(t, static_shapes=True))
+    return fake_mode, fakes
 
 
 # functional collective -> (kind, argument whose size is moved (None: the

@@ -168,6 +168,7 @@ def snapshot() -> dict:
         "group_cache_misses": group_cache.get("miss", 0),
         # shape_generic: sizes served by a generic variant, generic compiles, failed tries
         "generic_hits": group_cache.get("generic_hit", 0),
+        "generic_disk_hits": group_cache.get("generic_disk_hit", 0),  # variants read from the cache folder
         "generic_compiles": group_cache.get("generic_compile", 0),
         "generic_failed": group_cache.get("generic_failed", 0),
         "stage_runs": stage_runs,
@@ -218,8 +219,8 @@ def report() -> str:
         f"{s['group_cache_misses']} misses",
     ]
     if s["generic_hits"] or s["generic_compiles"] or s["generic_failed"]:
-        lines.append(f"  shape-generic        {s['generic_hits']} sizes served, {s['generic_compiles']} compiled, "
-                     f"{s['generic_failed']} failed (compiled static)")
+        lines.append(f"  shape-generic        {s['generic_hits']} sizes served ({s['generic_disk_hits']} variants "
+                     f"read from disk), {s['generic_compiles']} compiled, {s['generic_failed']} failed (compiled static)")
     if s["groups_per_graph"]:
         per = ", ".join(f"{g}: {n}" for g, n in sorted(s["groups_per_graph"].items()))
         lines.append(f"  groups per graph     {per}")

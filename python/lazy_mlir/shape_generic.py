@@ -18,6 +18,10 @@ old value); static dims and layouts must be those compiled for; and the sizes
 must pass Inductor's shape guards (which keep sizes 0 and 1 out, as Dynamo's
 do). Otherwise the group compiles as before. Groups with collectives (ZeRO)
 stay static: their passes plan memory by size.
+
+With the persistent cache on, generic variants are stored too (per family,
+see ``_store``): a later process serves any size they admit without
+compiling, at the cost of loading the artefact when a variant first serves.
 """
 from __future__ import annotations
 
@@ -25,14 +29,16 @@ import dataclasses
 import hashlib
 import math
 import operator
+import pickle
 import sys
+import warnings
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from . import config, group_key, metrics
-from .group_lowering import LoweredGroup, lower_group
+from . import compile_cache, config, group_key, metrics
+from .group_lowering import LoweredGroup, fake_inputs_of, load_group, lower_group
 from .lowering.ts_to_fx import size_constants
 
 
@@ -118,17 +124,20 @@ class Symbolic:
 
 @dataclasses.dataclass
 class GenericGroup:
-    lowered: LoweredGroup
+    lowered: LoweredGroup | None        # None until a variant read from disk serves its first size
     shapes: list[tuple[int, ...]]       # the sizes it was compiled at
     strides: list[tuple[int, ...]]
     dynamic: set[tuple[int, int]]       # (input, dim) that are symbols
     template: list                      # per size constant: its value with SizeExprs
     scalar_exprs: dict[int, SizeExpr]   # 0-d integer inputs that hold a size
     guard_code: str | None              # Inductor's shape guards over L['t<i>']
-    shape_env: ShapeEnv
+    guards: list[tuple[int, object]]    # scalar inputs whose values are baked into the code
+    disk_key: str | None = None         # its entry in the cache folder, if stored
 
     def admits(self, constants: list, inputs: list[torch.Tensor]) -> bool:
         shapes = [tuple(t.shape) for t in inputs]
+        if len(inputs) != len(self.shapes):
+            return False
         for i, (t, shape, stride) in enumerate(zip(inputs, self.shapes, self.strides)):
             if len(t.shape) != len(shape):
                 return False
@@ -144,9 +153,12 @@ class GenericGroup:
                 return False
         if any(inputs[i].item() != e.value(shapes) for i, e in self.scalar_exprs.items()):
             return False
-        if any(inputs[i].item() != v for i, v in self.lowered.guards):
+        if any(inputs[i].item() != v for i, v in self.guards):
             return False  # a scalar baked into the code
-        return self.guard_code is None or self.shape_env.evaluate_guards_expression(self.guard_code, inputs)
+        return self.guard_code is None or _GUARDS.evaluate_guards_expression(self.guard_code, inputs)
+
+
+_GUARDS = ShapeEnv()  # evaluates guard code; it keeps no state of its own
 
 
 def _instantiate(generic, shapes):
@@ -169,6 +181,7 @@ class Sighting:
 
 _observed: dict[str, list[Sighting]] = {}  # family -> sizes seen (the first MAX_OBSERVATIONS)
 _generic: dict[str, list[GenericGroup]] = {}
+_families_read: set[str] = set()  # families whose variants in the cache folder were read
 MAX_OBSERVATIONS = 16
 
 
@@ -193,13 +206,82 @@ def sight(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config)
                     _integer_scalars(inputs))
 
 
-def lookup(sighting: Sighting, inputs: list[torch.Tensor]) -> LoweredGroup | None:
-    """A generic variant that serves ``inputs``'s sizes (counted "generic_hit")."""
-    for variant in _generic.get(sighting.family, ()):
+def lookup(sighting: Sighting, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
+    """A generic variant that serves ``inputs``'s sizes (counted "generic_hit";
+    one read from the cache folder also "generic_disk_hit")."""
+    _read_stored(sighting.family, cfg)
+    for variant in list(_generic.get(sighting.family, ())):
         if variant.admits(sighting.constants, inputs):
+            if variant.lowered is None and not _load(variant, sighting.family, inputs, name, cfg):
+                continue
             metrics.count_cache("generic_hit")
             return dataclasses.replace(variant.lowered, artifacts=None)
     return None
+
+
+# On disk, a family's index entry lists its variants (every GenericGroup
+# field but the executable); each variant's artefacts are an entry of their
+# own, read when the variant first serves a size. Two processes adding a
+# variant to one index at once may lose one of them: it is compiled again.
+_STORED_FIELDS = [f.name for f in dataclasses.fields(GenericGroup) if f.name != "lowered"]
+
+
+def _index_key(family: str) -> str:
+    return hashlib.sha256(f"generic|{family}".encode()).hexdigest()
+
+
+def _store(family: str, variant: GenericGroup, artifacts: dict | None, cfg: config.Config) -> None:
+    disk = compile_cache.disk_of(cfg)
+    if disk is None or artifacts is None:
+        return
+    variant.disk_key = hashlib.sha256(f"generic|{family}|{variant.shapes!r}".encode()).hexdigest()
+    index_key = _index_key(family)
+    index = compile_cache.read_entry(disk, index_key) or {"key": index_key, "variants": []}
+    index["variants"] = [v for v in index["variants"] if v["disk_key"] != variant.disk_key]
+    index["variants"].append({f: getattr(variant, f) for f in _STORED_FIELDS})
+    try:
+        disk.write(variant.disk_key, pickle.dumps({"key": variant.disk_key, "artifacts": artifacts}))
+        disk.write(index_key, pickle.dumps(index))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        warnings.warn(f"lazy_mlir: cannot store a shape-generic group in the cache ({exc})", RuntimeWarning,
+                      stacklevel=2)
+
+
+def _read_stored(family: str, cfg: config.Config) -> None:
+    """Adds the family's variants stored by earlier processes (once per process)."""
+    if family in _families_read:
+        return
+    _families_read.add(family)
+    disk = compile_cache.disk_of(cfg)
+    index = compile_cache.read_entry(disk, _index_key(family)) if disk is not None else None
+    if index is None:
+        return
+    known = {v.disk_key for v in _generic.get(family, ())}
+    try:
+        stored = [GenericGroup(lowered=None, **fields) for fields in index["variants"]
+                  if fields["disk_key"] not in known]
+    except (KeyError, TypeError) as exc:
+        disk.discard(_index_key(family), f"unreadable index of shape-generic variants: {exc}")
+        return
+    _generic.setdefault(family, []).extend(stored)
+
+
+def _load(variant: GenericGroup, family: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> bool:
+    """Loads a stored variant's executable; False (the variant forgotten, its
+    entry removed) when it cannot be."""
+    disk = compile_cache.disk_of(cfg)
+    entry = compile_cache.read_entry(disk, variant.disk_key) if disk is not None else None
+    try:
+        if entry is None:
+            raise FileNotFoundError("its entry is gone")
+        variant.lowered = load_group(entry["artifacts"], variant.guards, {}, inputs, name, variant.dynamic)
+    except Exception as exc:  # noqa: BLE001 - a stale or broken entry: compile instead
+        if entry is not None:
+            disk.discard(variant.disk_key, f"cannot be loaded: {type(exc).__name__}: {exc}")
+        _generic[family].remove(variant)
+        return False
+    metrics.count_cache("generic_disk_hit")
+    return True
 
 
 def observe(sighting: Sighting) -> None:
@@ -264,24 +346,20 @@ def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str
     """Compiles the generic form planned by ``plan`` and registers it. Raises
     on any failure (the caller compiles the static form instead)."""
     dynamic, template, scalar_exprs = planned
-    shape_env = ShapeEnv(duck_shape=False)  # one symbol per dim: equalities come from the ops, as guards
-    fake_mode = FakeTensorMode(shape_env=shape_env)
-    fakes = []
-    for i, t in enumerate(inputs):
-        sizes = [DimDynamic.DYNAMIC if (i, d) in dynamic else DimDynamic.STATIC for d in range(t.dim())]
-        fakes.append(fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
-                     if any((i, d) in dynamic for d in range(t.dim())) else
-                     fake_mode.from_tensor(t, static_shapes=True))
+    fake_mode, fakes = fake_inputs_of(inputs, dynamic)
     size_exprs = {k: g for k, g in enumerate(template) if _has_expr(g)}
     lowered = lower_group(graph, inputs, name, cfg, Symbolic(fake_mode, fakes, size_exprs, scalar_exprs))
     if lowered.collective_bytes:
         raise RuntimeError("a group with collectives stays static")
     variant = GenericGroup(lowered, [tuple(t.shape) for t in inputs], [tuple(t.stride()) for t in inputs],
-                           set(dynamic), template, scalar_exprs, shape_env.produce_guards_expression(fakes),
-                           shape_env)
+                           set(dynamic), template, scalar_exprs, fake_mode.shape_env.produce_guards_expression(fakes),
+                           list(lowered.guards))
     if not variant.admits(sighting.constants, inputs):
         raise RuntimeError("the generic form does not admit the sizes it was compiled at")
     _generic.setdefault(sighting.family, []).append(variant)
+    # stored as a generic variant only: the static key of these sizes must not hold symbolic code twice
+    artifacts, lowered.artifacts = lowered.artifacts, None
+    _store(sighting.family, variant, artifacts, cfg)
     if cfg.logs("recompiles") or cfg.logs("dynamic"):
         exprs = ", ".join([f"#{k}: {_describe(g)}" for k, g in size_exprs.items()] +
                           [f"in{i}: {e}" for i, e in scalar_exprs.items()])
@@ -298,6 +376,8 @@ def _describe(generic) -> str:
 
 
 def clear() -> None:
-    """Forgets observations and generic variants (tests)."""
+    """Forgets observations and generic variants (tests: a new process; the
+    cache folder keeps its own)."""
     _observed.clear()
     _generic.clear()
+    _families_read.clear()
