@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "parameter_binding.h"
 
@@ -31,6 +32,11 @@ class CompiledComputation : public torch::lazy::TSComputation {
       : TSComputation(glue), source_(std::move(source)), config_key_(std::move(config_key)) {}
 
   const std::string& configKey() const { return config_key_; }
+
+  // Per graph input, the compiled-group call it may be donated to, -1 if
+  // none; empty when no group takes a donation (buffer_donation.h).
+  const std::vector<int32_t>& donorGroups() const { return donor_groups_; }
+  void setDonorGroups(std::vector<int32_t> groups) { donor_groups_ = std::move(groups); }
 
   const GraphBinding& binding() const { return binding_; }
   void setBinding(GraphBinding binding) { binding_ = std::move(binding); }
@@ -63,6 +69,7 @@ class CompiledComputation : public torch::lazy::TSComputation {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<CompiledComputation>> variants_;
   GraphBinding binding_;
+  std::vector<int32_t> donor_groups_;
   std::map<uint64_t, std::shared_ptr<CompiledComputation>> binding_variants_;
 };
 

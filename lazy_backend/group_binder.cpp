@@ -5,6 +5,7 @@
 
 #include "../runtime/compiled_group.h"
 #include "../runtime/run_stats.h"
+#include "buffer_donation.h"
 #include "python_hooks.h"
 
 namespace lazy_mlir {
@@ -27,6 +28,8 @@ Value* insertObjectConstant(torch::jit::Graph& graph, const c10::IValue& object)
 bool GroupBinder::bind(Node* group, int index) {
   const std::string name = graph_name_ + ".g" + std::to_string(index);
   auto subgraph = group->g(torch::jit::attr::Subgraph);
+  const std::vector<int64_t> candidates = BufferDonation::groupCandidates(group);
+  std::vector<int64_t> donated;
   pybind11::object executable;
   {
     pybind11::gil_scoped_acquire gil;
@@ -40,6 +43,15 @@ bool GroupBinder::bind(Node* group, int index) {
     }
     if (executable.is_none()) {
       executable = pybind11::object();  // release under the GIL
+    } else if (!candidates.empty() && pybind11::hasattr(executable, "offer_donation")) {
+      // The inputs the executable's code may write an output into (buffer_donation.h).
+      try {
+        donated = executable.attr("offer_donation")(candidates).cast<std::vector<int64_t>>();
+      } catch (pybind11::error_already_set& e) {  // a bug there: run without donations
+        PyErr_WarnEx(PyExc_RuntimeWarning, ("lazy_mlir: offering " + name + " donations raised: " + e.what()).c_str(),
+                     1);
+        donated.clear();
+      }
     }
   }
   if (!executable) {
@@ -52,6 +64,7 @@ bool GroupBinder::bind(Node* group, int index) {
   torch::jit::WithInsertPoint guard(group);
   const auto num_outputs = static_cast<int64_t>(group->outputs().size());
   auto holder = c10::make_intrusive<CompiledGroup>(name, std::move(executable), num_outputs);
+  holder->setDonated(std::move(donated));
   Value* self = insertObjectConstant(graph, c10::IValue(std::move(holder)));
   Value* inputs = graph.insertNode(graph.createList(c10::TensorType::get(), group->inputs()))->output();
   Node* call = graph.insertNode(graph.create(prim::CallMethod, {self, inputs}));

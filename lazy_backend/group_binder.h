@@ -1,7 +1,8 @@
 // GroupBinder: turns each prim::FusionGroup into a call of its compiled
 // executable: a CompiledGroup constant, prim::CallMethod[name="run"] on the
 // group's inputs as Tensor[], and prim::ListUnpack of the results. A group
-// the Python compiler rejects is inlined back and runs in TorchScript.
+// the Python compiler rejects is inlined back and runs in TorchScript. The
+// executable is offered the group's donor candidates (buffer_donation.h).
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "../runtime/run_stats.h"
+#include "buffer_donation.h"
 #include "compiled_computation.h"
 #include "draw_order.h"
 #include "graph_clusterer.h"
@@ -25,12 +26,15 @@ NodeClass classifyInPython(torch::jit::Node* node) {
 
 // Python tells mark_step's executions from syncs mid-step (a value read, an
 // eager fallback) and records where they came from. LTC's own in_mark_step
-// flag cannot: torch 2.13 sets it on value reads too.
-void reportExecution() {
+// flag cannot: torch 2.13 sets it on value reads too. True under mark_step,
+// whose sync takes every live tensor's pending graph (so no graph left
+// behind reads this one's inputs later: buffer donation's premise).
+bool reportExecution() {
   const auto& hook = PythonHooks::get().on_execute;
-  if (!hook.defined()) return;
+  if (!hook.defined()) return false;
   pybind11::gil_scoped_acquire gil;
-  hook.get()();
+  const pybind11::object marking = hook.get()();
+  return marking.is(pybind11::bool_(true));
 }
 
 }  // namespace
@@ -67,7 +71,9 @@ std::shared_ptr<CompiledComputation> LazyMlirBackend::compileGraph(
                 "groups run in TorchScript");
   }
   torch::jit::EliminateDeadCode(graph);
-  return std::make_shared<CompiledComputation>(graph, source, key);
+  auto computation = std::make_shared<CompiledComputation>(graph, source, key);
+  computation->setDonorGroups(BufferDonation::donorGroups(*graph));
+  return computation;
 }
 
 std::vector<torch::lazy::ComputationPtr> LazyMlirBackend::Compile(
@@ -165,14 +171,16 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
 std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {
-  reportExecution();
+  const bool marking = reportExecution();
   const int64_t start = nowNs();
+  DeadBuffers dead;
   if (auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation)) {
     // LTC's cache hit may be a graph that reads the parameters at other uses
     // (parameter_binding.h): run the variant lowered for this sync's graph.
     SyncRecord& record = SyncRecord::current();
+    const bool described = record.describes(arguments);
     const GraphBinding& binding = compiled->binding();
-    if (binding.known && record.usesHash() != binding.uses_hash && record.describes(arguments)) {
+    if (binding.known && record.usesHash() != binding.uses_hash && described) {
       const bool in_mark_step = compiled->in_mark_step;
       compiled = compiled->forBinding(record.usesHash(), [&] { return rebind(record, binding, device, in_mark_step); });
       computation = compiled;
@@ -187,8 +195,14 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
         RunStats::get().compile_ns.fetch_add(nowNs() - compile_start);
         return variant;
       });
+      compiled = std::static_pointer_cast<CompiledComputation>(computation);
+    }
+    // Which donor candidates' buffers the groups may overwrite (buffer_donation.h).
+    if (marking && described && !compiled->donorGroups().empty()) {
+      dead = BufferDonation::find(arguments, compiled->donorGroups(), record);
     }
   }
+  const DeadBuffers::Scope donations(&dead);
   auto results = ts_->ExecuteComputation(std::move(computation), arguments, device);
   RunStats::get().executions.fetch_add(1);
   RunStats::get().execute_ns.fetch_add(nowNs() - start);

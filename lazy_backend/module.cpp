@@ -1,7 +1,9 @@
 // The Python extension lazy_mlir._C: installs the backend and exposes its
 // hooks and counters. Everything else lives in Python.
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/lazy/core/config.h>
+#include <torch/csrc/lazy/core/tensor.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -73,6 +75,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
+  m.def("device_data_ptr", [](const at::Tensor& tensor) -> int64_t {
+    // The address of the buffer behind a synced lazy tensor's data, 0 when it
+    // has none (pending or never synced): tests and benchmarks see whether a
+    // step wrote a state tensor into its own storage (buffer_donation.h).
+    at::Tensor inner = tensor;
+    if (at::functionalization::impl::isFunctionalTensor(tensor)) {
+      at::functionalization::impl::sync(tensor);
+      inner = at::functionalization::impl::from_functional_tensor(tensor);
+    }
+    auto lazy = torch::lazy::TryGetLtcTensor(inner);
+    torch::lazy::BackendDataPtr handle = lazy ? lazy->CurrentDataHandle() : nullptr;
+    auto* ts = dynamic_cast<torch::lazy::TSData*>(handle.get());
+    if (ts == nullptr || !ts->HasValue()) return 0;
+    return reinterpret_cast<int64_t>(ts->data().data_ptr());
+  }, py::arg("tensor"));
   m.def("stats", [] { return lazy_mlir::RunStats::get().snapshot(); });
   m.def("reset_stats", [] { lazy_mlir::RunStats::get().reset(); });
 }

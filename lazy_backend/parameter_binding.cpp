@@ -62,6 +62,7 @@ SyncRecord& SyncRecord::current() {
 void SyncRecord::clear() {
   nodes_.clear();
   params_.clear();
+  param_nodes_.clear();
   param_of_handle_.clear();
   param_of_node_.clear();
   uses_hash_ = 0x6a09e667f3bcc908ULL;
@@ -75,7 +76,11 @@ void SyncRecord::onNode(const torch::lazy::Node* node, const torch::lazy::Backen
     bool added = false;
     const uint32_t index = param_of_handle_.emplace(static_cast<uint64_t>(data->GetHandle()),
                                                     static_cast<uint32_t>(params_.size()), &added);
-    if (added) params_.push_back(data.get());
+    if (added) {
+      params_.push_back(data.get());
+      param_nodes_.push_back(0);
+    }
+    ++param_nodes_[index];
     param_of_node_.emplace(reinterpret_cast<uint64_t>(node), index, &added);
     return;
   }

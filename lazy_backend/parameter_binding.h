@@ -93,6 +93,8 @@ class SyncRecord {
   uint64_t usesHash() const { return uses_hash_; }
   const std::vector<const torch::lazy::Node*>& postOrder() const { return nodes_; }
   size_t numParameters() const { return params_.size(); }
+  // How many of the post-order's device-data nodes read parameter `index`.
+  uint32_t nodesOf(size_t index) const { return index < param_nodes_.size() ? param_nodes_[index] : 0; }
   // Whether `arguments` are this record's parameters (same objects, same
   // order) and the sync has not executed yet.
   bool describes(c10::ArrayRef<torch::lazy::BackendDataPtr> arguments) const;
@@ -102,6 +104,7 @@ class SyncRecord {
 
   std::vector<const torch::lazy::Node*> nodes_;
   std::vector<const torch::lazy::BackendData*> params_;
+  std::vector<uint32_t> param_nodes_;  // per parameter: device-data nodes reading it
   IndexTable param_of_handle_;
   IndexTable param_of_node_;
   uint64_t uses_hash_ = 0x6a09e667f3bcc908ULL;

@@ -19,6 +19,15 @@ struct RunStats {
   std::atomic<int64_t> group_calls{0};       // CompiledGroup::run calls
   std::atomic<int64_t> group_ns{0};          // wall time inside CompiledGroup::run
   std::atomic<int64_t> rebinds{0};           // computations lowered again for another parameter binding
+  // Compiled groups' outputs, and those written into a donated input's
+  // buffer (buffer_donation.h); donor candidates cloned first because their
+  // buffer was still in use.
+  std::atomic<int64_t> group_outputs{0};
+  std::atomic<int64_t> group_output_bytes{0};
+  std::atomic<int64_t> outputs_in_place{0};
+  std::atomic<int64_t> in_place_bytes{0};
+  std::atomic<int64_t> donor_copies{0};
+  std::atomic<int64_t> donor_copy_bytes{0};
 
   static RunStats& get();
   std::map<std::string, int64_t> snapshot() const;

@@ -50,6 +50,15 @@ class Config:
     # and serves later sizes from that code; "static" compiles every size
     # apart. LAZY_MLIR_DYNAMIC sets it.
     dynamic: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DYNAMIC") or "auto")
+    # Buffer donation: parameters, gradients and optimizer state that a step
+    # overwrites are written by the generated code into their own storage
+    # when nothing else can read the old value (see lazy_mlir.donation and
+    # lazy_backend/buffer_donation.h). Off unless LAZY_MLIR_DONATE=1 (until the
+    # whole suite has run with it on).
+    donate_buffers: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_DONATE", False))
+    # Set by the backend on one fusion group's copy of the config, never by
+    # users: the group inputs its code may write outputs into.
+    donated_inputs: tuple = ()
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile
@@ -90,6 +99,8 @@ class Config:
             raise ValueError(f"lazy_mlir: dynamic must be 'auto' or 'static', got {self.dynamic!r}")
         if self.codegen not in CODEGENS:
             raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
+        if self.donated_inputs:
+            raise ValueError("lazy_mlir: donated_inputs is set per fusion group by the backend, not by init()")
         if self.cache_max_mb <= 0:
             raise ValueError(f"lazy_mlir: cache_max_mb must be positive, got {self.cache_max_mb!r}")
         import mlir_passes

@@ -8,6 +8,7 @@ fallback for a group that fails to lower at O1.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import warnings
@@ -122,6 +123,17 @@ class GroupExecutable:
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self._run(inputs)
+
+    def offer_donation(self, positions) -> list[int]:
+        """Before the first run the C++ binder offers the inputs only this group
+        reads (lazy_backend/buffer_donation.h); the code may write outputs into
+        those accepted (lazy_mlir.donation), which become part of the group's
+        configuration, hence of its cache key."""
+        if not self.cfg.donate_buffers or self.cfg.ltc_thread_pool or not positions:
+            return []  # with LTC's IO thread no buffer is ever known dead: every one would be copied
+        accepted = tuple(sorted(int(k) for k in positions))
+        self.cfg = dataclasses.replace(self.cfg, donated_inputs=accepted)
+        return list(accepted)
 
     def _for_layout(self, inputs):
         """First run, or inputs unlike those the current code was compiled for:

@@ -29,7 +29,7 @@ import mlir_passes
 from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
-from . import config, dump, metrics
+from . import config, donation, dump, metrics
 from .codegen import inductor
 from .lowering import export_graph, import_graph
 from .lowering.ts_to_fx import ts_graph_to_fx
@@ -97,6 +97,8 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     with _Stage("mlir_to_fx"):
         gm = export_graph(module, "group", fake_mode, device, [t.device for t in fake_inputs],
                           fake_inputs if symbolic is not None else None)
+    if cfg.donated_inputs and symbolic is None:  # outputs written into dead inputs' buffers
+        donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
     dump.write(name, "4.export.fx.txt", gm.code)
     moved = _collective_bytes(gm)
     artifacts = _cache_artifacts(gm) if cfg.cache else None  # before Inductor changes gm

@@ -85,11 +85,13 @@ def _check_ltc_fallbacks(source: str) -> None:
 _warned: set[str] = set()
 
 
-def on_execute() -> None:
+def on_execute() -> bool:
     """Before a graph execution. From mark_step: nothing to say. From any other
     Python code: a value was read mid-step (or an op fell back to the CPU,
     which reads its inputs). From LTC's IO thread (no Python caller, with
-    ``ltc_thread_pool``): mark_step's and value reads cannot be told apart."""
+    ``ltc_thread_pool``): mark_step's and value reads cannot be told apart.
+    Returns True under mark_step: its sync takes every pending graph, which
+    buffer donation relies on (lazy_backend/buffer_donation.h)."""
     frame, user, marking = sys._getframe(0).f_back, None, False
     while frame is not None and not marking:
         marking = frame.f_code in _STEP_CODES
@@ -100,9 +102,10 @@ def on_execute() -> None:
     if config.current.level == "O2":
         _check_ltc_fallbacks(source)
     if marking or user is None:
-        return
+        return marking
     metrics.count_sync(source)
     if config.current.level == "O2" and source not in _warned:
         _warned.add(source)
         warnings.warn(f"lazy_mlir O2: a value read at {source} executed the step traced so far as a graph "
                       "of its own: the step takes more than one graph execution", RuntimeWarning, stacklevel=2)
+    return False

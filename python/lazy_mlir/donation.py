@@ -1,0 +1,131 @@
+"""Buffer donation inside a fusion group: outputs written into the storage of
+inputs that are dead after the step (parameters, gradients and optimizer
+state that the step overwrites), instead of into fresh tensors.
+
+The C++ backend decides which inputs may be written (see
+``lazy_backend/buffer_donation.h``): a group's donor candidates are graph
+inputs that no other group, TorchScript op or graph output uses; at each
+execution it hands the group only buffers nothing else can still read, and
+a copy of any other. This module does the group's half: in the FX graph
+exported from MLIR, it pairs each donated input with an output of the same
+shape, dtype and (contiguous) layout and ends the graph with
+``aten.copy_(input, output)``, returning the input. Inductor keeps that as an
+input mutation and, for a pointwise result (AdamW's updates), computes it
+straight into the input's buffer: no allocation, no copy.
+
+An input is not donated when an output aliases it (a view of its old value
+would see the new one), when its tensor is not dense and contiguous, or when
+it is 0-d. Positions that hold one tensor (LTC passes a weight read by the
+forward and by its update twice) are read through one placeholder, so that
+Inductor orders every read of the buffer before its write.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+# How far (in FX nodes) an output may lie from the input it is written into:
+# an optimizer update is a few pointwise ops from its state.
+MAX_DISTANCE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Donation:
+    position: int  # the group input written into
+    output: int    # the first group output that now returns it
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return (t.dim() > 0 and t.numel() > 0 and t.is_contiguous() and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
+def _storage(node: fx.Node):
+    val = node.meta.get("val")
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
+def write_into_inputs(gm: fx.GraphModule, positions, inputs: list) -> list[Donation]:
+    """Rewrites ``gm`` (a static-shape exported group) so that outputs are
+    written into the inputs at ``positions`` where that is possible; returns
+    what it did. ``inputs`` are the real tensors of the group's first run."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    returned = list(output.args[0])
+    allowed = set(positions)
+
+    # Positions holding one tensor: all must be offered, the first reads for all.
+    same: dict[int, list[int]] = collections.defaultdict(list)
+    for i, t in enumerate(inputs):
+        same[id(t)].append(i)
+    donors: dict[int, list[int]] = {}  # representative position -> all its positions
+    for k in sorted(allowed):
+        if k >= len(placeholders) or k >= len(inputs) or not isinstance(inputs[k], torch.Tensor):
+            continue
+        group = same[id(inputs[k])]
+        if group[0] != k or not all(i in allowed for i in group) or not _dense(inputs[k]):
+            continue
+        donors[k] = group
+
+    # Storages that outputs alias: a donor whose storage an output views stays
+    # unwritten; an output that aliases any input or another output is no target.
+    out_storages = collections.Counter()
+    for node in dict.fromkeys(n for n in returned if isinstance(n, fx.Node)):
+        if _storage(node) is not None:
+            out_storages[_storage(node)] += 1
+    input_storages = {_storage(p) for p in placeholders}
+    donors = {k: group for k, group in donors.items()
+              if not any(_storage(placeholders[i]) in out_storages for i in group)}
+    if not donors:
+        return []
+
+    def fits(node: fx.Node, donor: torch.Tensor) -> bool:
+        val = node.meta.get("val")
+        return (isinstance(val, torch.Tensor) and node.op == "call_function"
+                and tuple(val.shape) == tuple(donor.shape) and val.dtype == donor.dtype
+                and val.device == donor.device and val.is_contiguous()
+                and _storage(node) not in input_storages and out_storages[_storage(node)] == 1)
+
+    targets = {n for n in returned if isinstance(n, fx.Node)}
+    candidates = []  # (distance, donor position, output node)
+    for k, group in donors.items():
+        starts = [placeholders[i] for i in group]
+        seen = set(starts)
+        frontier, distance = list(starts), 0
+        while frontier and distance < MAX_DISTANCE:
+            distance += 1
+            nxt = []
+            for node in frontier:
+                for user in node.users:
+                    if user not in seen and user.op != "output":
+                        seen.add(user)
+                        nxt.append(user)
+                        if user in targets and fits(user, inputs[k]):
+                            candidates.append((distance, k, user))
+            frontier = nxt
+    candidates.sort(key=lambda c: (c[0], c[1]))
+
+    done: list[Donation] = []
+    used_donors, used_outputs = set(), set()
+    for _, k, node in candidates:
+        if k in used_donors or node in used_outputs:
+            continue
+        used_donors.add(k)
+        used_outputs.add(node)
+        target = placeholders[k]
+        for i in donors[k][1:]:  # every read of the buffer through one placeholder
+            placeholders[i].replace_all_uses_with(target)
+        with graph.inserting_before(output):
+            written = graph.call_function(torch.ops.aten.copy_.default, (target, node))
+        written.meta["val"] = target.meta["val"]
+        returned = [written if r is node else r for r in returned]
+        done.append(Donation(k, next(i for i, r in enumerate(returned) if r is written)))
+    output.args = (tuple(returned),)
+    graph.lint()
+    gm.recompile()
+    return sorted(done, key=lambda d: d.position)
