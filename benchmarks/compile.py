@@ -16,13 +16,14 @@ folders made for this run, so "cold" is cold for lazy_mlir and for Inductor:
                       cache compiles the stored graph again
   torch_compile_cold  torch.compile(model) + torch.compile(opt.step), empty Inductor cache
 
-Per variant: import seconds, wall seconds of steps 0 and 1 (the optimizer's
-first step traces another graph), compile seconds over the first
+Per variant: import seconds, wall seconds of steps 0 and 1 (with
+``--no-auto-prepare`` the optimizer's first step traces another graph, so
+step 1 compiles again), compile seconds over the first
 ``--compile-steps`` steps (their wall time above the steady step's), and for
 lazy_mlir the seconds by stage (metrics ``stage.*``) and the group-cache
 outcomes. A variant whose groups fell back to TorchScript gets no figures.
 
-    .venv/bin/python benchmarks/compile.py [--steps 5] [--only lazy_cold,lazy_warm] [--prepare] [--json compile.json]
+    .venv/bin/python benchmarks/compile.py [--steps 5] [--only lazy_cold,lazy_warm] [--no-auto-prepare] [--json compile.json]
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ VARIANTS = {
 STAGES = ("ts_to_fx", "fx_to_mlir", "mlir_passes", "mlir_to_fx", "codegen", "cache_load")
 
 
-def child(variant: str, steps: int, prepare: bool) -> dict:
+def child(variant: str, steps: int, auto_prepare: bool) -> dict:
     start = time.perf_counter()
     import torch
 
@@ -59,15 +60,12 @@ def child(variant: str, steps: int, prepare: bool) -> dict:
     if lazy:
         import lazy_mlir
         from lazy_mlir import metrics
-        lazy_mlir.init("O1", progress=False, **options)
+        lazy_mlir.init("O1", progress=False, auto_prepare=auto_prepare, **options)
     result = {"variant": variant, "import_s": time.perf_counter() - start, "steps": []}
     cfg = GPTConfig()
     device = torch.device("lazy" if lazy else "cpu")
     model = make_gpt(cfg).to(device)
     opt = make_adamw(model)
-    if lazy and prepare:
-        lazy_mlir.prepare(model, opt)  # the first step traces the steady-state graph
-    # opt.step is looked up at every step: prepare() replaces it for the first one
     forward, opt_step = (model, lambda: opt.step()) if lazy else (torch.compile(model), torch.compile(opt.step))
     for x, y in gpt_batches(cfg, steps):
         if lazy:
@@ -89,12 +87,12 @@ def child(variant: str, steps: int, prepare: bool) -> dict:
     return result
 
 
-def run_variant(variant: str, steps: int, folders: dict, prepare: bool) -> dict:
+def run_variant(variant: str, steps: int, folders: dict, auto_prepare: bool) -> dict:
     lazy_dir, inductor_dir, _ = VARIANTS[variant]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHINDUCTOR_CACHE_DIR": folders[inductor_dir]}
     if lazy_dir is not None:
         env["LAZY_MLIR_CACHE_DIR"] = folders[lazy_dir]
-    flags = ["--prepare"] if prepare else []
+    flags = [] if auto_prepare else ["--no-auto-prepare"]
     proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(steps), *flags],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -125,11 +123,12 @@ def main():
     parser.add_argument("--only", default=",".join(VARIANTS), help="variants, in order (warm ones after their cold one)")
     parser.add_argument("--json", default="compile.json")
     parser.add_argument("--keep", action="store_true", help="keep the cache folders (printed)")
-    parser.add_argument("--prepare", action="store_true", help="lazy variants call lazy_mlir.prepare(model, opt)")
+    parser.add_argument("--no-auto-prepare", dest="auto_prepare", action="store_false",
+                        help="lazy variants init(auto_prepare=False): the first step traces its own graph")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.prepare)))
+        print(json.dumps(child(args.child, args.steps, args.auto_prepare)))
         return
 
     root = tempfile.mkdtemp(prefix="lazy_mlir_compile_bench_")
@@ -139,7 +138,7 @@ def main():
     try:
         for variant in args.only.split(","):
             print(f"running {variant} ...", file=sys.stderr, flush=True)
-            raw = run_variant(variant, args.steps, folders, args.prepare)
+            raw = run_variant(variant, args.steps, folders, args.auto_prepare)
             if "error" in raw:
                 print(f"  {variant} failed:\n{raw['error']}", file=sys.stderr)
                 continue

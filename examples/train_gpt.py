@@ -20,8 +20,6 @@ def run(device: torch.device, steps: int, label: str):
     cfg = GPTConfig()
     model = make_gpt(cfg).to(device)
     opt = make_adamw(model)
-    if device.type == "lazy":
-        lazy_mlir.prepare(model, opt)  # the first step traces (and compiles) the steady-state graph
     losses, times = [], []
     bar = tqdm(gpt_batches(cfg, steps), total=steps, desc=f"{label:>14}", unit="step")
     for x, y in bar:

@@ -1,5 +1,6 @@
-"""lazy_mlir.prepare: the first step traces the steady-state graph (one
-compile for the whole run), and training is unchanged."""
+"""The first training step traces the steady-state graph (one compile for
+the whole run): automatically (``auto_prepare``) or through
+``lazy_mlir.prepare``; training is unchanged."""
 from __future__ import annotations
 
 import pytest
@@ -7,23 +8,26 @@ import torch
 
 import lazy_mlir
 from helpers import assert_compiled, assert_same_training
-from lazy_mlir import metrics
+from lazy_mlir import metrics, steady_state
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
 
-# a shape no other test traces: LTC's graph cache must not serve it already
-CFG = GPTConfig(n_layer=1, n_head=2, n_embd=24, vocab_size=40, block_size=8, batch_size=2)
 STEPS = 3
 
 
-def _train(device, prepare: bool, make_opt=make_adamw):
-    model = make_gpt(CFG).to(device)
-    opt = make_opt(model)
+def _cfg(n_embd: int) -> GPTConfig:
+    # each test its own width: LTC's graph cache must not serve another test's graphs
+    return GPTConfig(n_layer=1, n_head=2, n_embd=n_embd, vocab_size=40, block_size=8, batch_size=2)
+
+
+def _train(cfg, device, prepare: bool = False):
+    model = make_gpt(cfg).to(device)
+    opt = make_adamw(model)
     if prepare:
         lazy_mlir.prepare(model, opt)
-    losses, misses = [], []
-    for x, y in gpt_batches(CFG, steps=STEPS):
+    losses, misses, snaps = [], [], []
+    for x, y in gpt_batches(cfg, steps=STEPS):
         metrics.reset()
-        loss = model(x.to(device), y.to(device))
+        loss = model(x.to(device), y.to(device))  # the inputs are on the device before the first forward
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -31,37 +35,60 @@ def _train(device, prepare: bool, make_opt=make_adamw):
             torch._lazy.mark_step()
             snap = metrics.snapshot()
             misses.append(snap["cache_misses"])
+            snaps.append(snap)
             assert_compiled(snap, calls=1)
+            assert snap["graph_executions"] == 1 and snap["syncs"] == {}, metrics.report()
         losses.append(loss.item())
     with torch.no_grad():
         params = {n: p.cpu() for n, p in model.named_parameters()}
-    return (torch.tensor(losses), params), misses
+    return (torch.tensor(losses), params), misses, snaps
 
 
-def test_first_step_traces_the_steady_state_graph(lazy_level):
-    eager, _ = _train(torch.device("cpu"), prepare=False)
-    lazy, misses = _train(torch.device("lazy"), prepare=True)
-    assert misses == [1, 0, 0]  # without prepare: [1, 1, 0] (the optimizer's first step differs)
+@pytest.mark.parametrize("how,width", [("auto", 24), ("prepare", 20)])
+def test_first_step_traces_the_steady_state_graph(lazy_level, how, width):
+    eager, _, _ = _train(_cfg(width), torch.device("cpu"))
+    lazy, misses, snaps = _train(_cfg(width), torch.device("lazy"), prepare=how == "prepare")
+    assert misses == [1, 0, 0]  # with auto_prepare off: [1, 1, 0] (test below)
+    # the setup graph ran before step 0's forward (auto) or in prepare (before the reset)
+    assert [s["setup_graphs"] for s in snaps] == ([1, 0, 0] if how == "auto" else [0, 0, 0])
     # AdamW's first updates of near-zero biases amplify fp32 rounding (~1e-6,
     # the same without prepare): the tolerance test_compile_path uses
     assert_same_training(eager, lazy, param_atol=1e-5)
 
 
+def test_without_auto_prepare_the_first_step_traces_another_graph(lazy_level, monkeypatch):
+    monkeypatch.setattr(lazy_mlir.config.current, "auto_prepare", False)
+    eager, _, _ = _train(_cfg(16), torch.device("cpu"))
+    lazy, misses, snaps = _train(_cfg(16), torch.device("lazy"))
+    assert misses == [1, 1, 0] and all(s["setup_graphs"] == 0 for s in snaps)
+    assert_same_training(eager, lazy, param_atol=1e-5)
+
+
 def test_state_created_as_device_data_only_in_the_first_step(lazy_level):
-    model = make_gpt(CFG).to("lazy")
+    model = make_gpt(_cfg(28)).to("lazy")
     opt = make_adamw(model)
-    lazy_mlir.prepare(model, opt)
-    assert "step" in vars(opt)  # the instance's first-step wrapper
-    x, y = next(gpt_batches(CFG))
+    x, y = next(gpt_batches(_cfg(28)))
     model(x.to("lazy"), y.to("lazy")).backward()
-    opt.step()
-    assert "step" not in vars(opt)  # back to the optimizer's own step
+    created = []
+    real_full = torch.full
+
+    def full(*args, **kwargs):
+        created.append(args[0])
+        return real_full(*args, **kwargs)
+
+    torch.full = full  # _StateAsDeviceData makes state with torch.full on the CPU
+    try:
+        opt.step()
+    finally:
+        torch.full = real_full
+    assert len(created) == 2 * len(list(model.parameters()))  # exp_avg and exp_avg_sq of each
+    assert steady_state._first_steps == {}  # the mode is gone after the step
     exp_avg = opt.state[model.wte.weight]["exp_avg"]
     assert exp_avg.device.type == "lazy" and exp_avg.shape == model.wte.weight.shape
     torch._lazy.mark_step()
-    assert torch.zeros(3).to("lazy").cpu().eq(0).all()  # zeros_like outside the optimizer is untouched
+    assert "aten::zero" in torch._C._lazy._get_tensors_text([torch.zeros_like(exp_avg)])  # outside: a graph op
 
 
 def test_prepare_refuses_a_model_not_on_the_lazy_device():
     with pytest.raises(ValueError, match="no parameter on the lazy device"):
-        lazy_mlir.prepare(make_gpt(CFG))
+        lazy_mlir.prepare(make_gpt(_cfg(24)))

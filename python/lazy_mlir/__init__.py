@@ -3,7 +3,7 @@
     import lazy_mlir, torch
     lazy_mlir.init()                      # level="O1" by default
     model = Model().to("lazy"); opt = torch.optim.AdamW(model.parameters())
-    lazy_mlir.prepare(model, opt)         # optional: the first step compiles the steady-state graph
+    # the first step traces the steady-state graph (auto_prepare; or lazy_mlir.prepare(model, opt))
     for x, y in data:
         loss = model(x.to("lazy"), y.to("lazy")); loss.backward()
         opt.step(); opt.zero_grad()
@@ -18,7 +18,8 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import compilable, config, dump, group_compiler, lazy_kernels, metrics, module_ties, step_errors, syncs
+from . import compilable, config, dump, group_compiler, lazy_kernels, metrics, module_ties, steady_state, step_errors
+from . import syncs
 from . import _C
 from .steady_state import prepare
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
@@ -46,6 +47,7 @@ def init(level: str = "O1", **options) -> config.Config:
     lazy_kernels.install()
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
+    steady_state.install()  # auto_prepare's hooks
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     if cfg.ltc_thread_pool:
         warnings.warn("lazy_mlir: ltc_thread_pool=True runs graphs on LTC's IO thread, where a cached graph is "

@@ -50,6 +50,10 @@ class Config:
     # and serves later sizes from that code; "static" compiles every size
     # apart. LAZY_MLIR_DYNAMIC sets it.
     dynamic: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DYNAMIC") or "auto")
+    # Before a model's first training forward and an optimizer's first step,
+    # do what lazy_mlir.prepare() does, so the first step traces (and
+    # compiles) the steady-state graph (see steady_state). LAZY_MLIR_AUTO_PREPARE=0 turns it off.
+    auto_prepare: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_AUTO_PREPARE", True))
     # Buffer donation: parameters, gradients and optimizer state that a step
     # overwrites are written by the generated code into their own storage
     # when nothing else can read the old value (see lazy_mlir.donation and
@@ -67,7 +71,7 @@ class Config:
 
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
-                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic")
+                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "auto_prepare")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -21,9 +21,11 @@ from .group_lowering import lower_group
 
 
 class TorchScriptExecutable:
-    """Runs a fusion group's subgraph with the TorchScript graph executor."""
+    """Runs a fusion group's subgraph with the TorchScript graph executor;
+    each run counts as a fallback unless ``fallback`` is False (a setup
+    graph's group: nothing worth compiling)."""
 
-    def __init__(self, graph: torch._C.Graph, name: str):
+    def __init__(self, graph: torch._C.Graph, name: str, fallback: bool = True):
         graph = graph.copy()
         outputs = list(graph.outputs())
         self.num_outputs = len(outputs)
@@ -37,9 +39,11 @@ class TorchScriptExecutable:
             graph.registerOutput(tup.output())
         self.function = torch._C._create_function_from_graph(name.replace(".", "_"), graph)
         self.name = name
+        self.fallback = fallback
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        metrics.count_fallback_group_call(self.name)
+        if self.fallback:
+            metrics.count_fallback_group_call(self.name)
         out = self.function(*inputs)
         return [out] if self.num_outputs == 1 else list(out)
 

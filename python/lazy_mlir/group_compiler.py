@@ -12,8 +12,8 @@ import collections
 
 import torch
 
-from . import compilable, config, metrics
-from .executables import GroupExecutable, report_failure
+from . import compilable, config, metrics, steady_state
+from .executables import GroupExecutable, TorchScriptExecutable, report_failure
 
 # Test seam: called with (graph, name) first; raise to inject a failure.
 before_build = None
@@ -43,6 +43,8 @@ def _short_source(source: str) -> str:
 
 
 def compile_group(graph: torch._C.Graph, name: str):
+    if steady_state.settling:  # a setup graph of in-place mul_(1): nothing worth compiling
+        return TorchScriptExecutable(graph, name, fallback=False)
     ops = describe_ops(graph)
     try:
         if before_build is not None:

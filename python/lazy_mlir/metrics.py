@@ -9,6 +9,7 @@ all three, so a snapshot after ``reset()`` describes the steps since.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 
 import torch._lazy.metrics as ltc_metrics
@@ -26,6 +27,10 @@ _stage_runs: collections.Counter = collections.Counter()  # how often each stage
 _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss"
 _recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
+# What setup graphs (steady_state's) added to the backend's and LTC's counters:
+# left out of the step figures, counted as "setup_graphs".
+_setup: collections.Counter = collections.Counter()
+_SETUP_LTC_COUNTERS = ("MarkStep", "UncachedCompile", "CachedCompile")
 
 # LTC counters that are syncs the user asked for, not fallbacks.
 _USER_SYNCS = {"aten::_local_scalar_dense"}
@@ -104,6 +109,25 @@ def record_group_failure(name: str, ops: str, reason: str) -> None:
         _failure_reasons[name] = _fallen_back[name] = f"[{ops}] {reason}"
 
 
+@contextlib.contextmanager
+def setup_graph():
+    """Counts what runs inside as one setup graph, not as a step's."""
+    before = _setup_counts()
+    try:
+        yield
+    finally:
+        after = _setup_counts()
+        with _lock:
+            _setup.update({k: after[k] - before[k] for k in after})
+            _setup["graphs"] += 1
+
+
+def _setup_counts() -> dict[str, int]:
+    counts = {k: v for k, v in _backend_stats().items() if isinstance(v, int)}
+    counts.update({name: _ltc_counter(name) for name in _SETUP_LTC_COUNTERS})
+    return counts
+
+
 def _backend_stats() -> dict:
     from . import _C
     return dict(_C.stats())
@@ -123,7 +147,9 @@ def ltc_fallback_counts() -> dict[str, int]:
 
 
 def snapshot() -> dict:
-    stats = _backend_stats()
+    with _lock:
+        setup = dict(_setup)
+    stats = {k: v - setup.get(k, 0) if isinstance(v, int) else v for k, v in _backend_stats().items()}
     fallbacks = collections.Counter(ltc_fallback_counts())
     with _lock:
         fallbacks.update(_fallbacks)
@@ -136,10 +162,13 @@ def snapshot() -> dict:
         stage_runs = dict(_stage_runs)
         group_cache = dict(_group_cache)
         recompiles = [dict(r) for r in _recompiles]
-    mark_steps = _ltc_counter("MarkStep")
-    uncached, cached = _ltc_counter("UncachedCompile"), _ltc_counter("CachedCompile")
+    mark_steps = _ltc_counter("MarkStep") - setup.get("MarkStep", 0)
+    uncached = _ltc_counter("UncachedCompile") - setup.get("UncachedCompile", 0)
+    cached = _ltc_counter("CachedCompile") - setup.get("CachedCompile", 0)
     return {
         "mark_steps": mark_steps,
+        # graphs run to set up training (steady_state), left out of every other figure
+        "setup_graphs": setup.get("graphs", 0),
         "traces": uncached + cached,
         "compiles": stats["compiles"],
         # LTC's cache gave a graph bound to other parameters: lowered again (parameter_binding.h)
@@ -198,6 +227,7 @@ def reset() -> None:
         _fallback_group_calls = 0
         _stage_seconds.clear()
         _stage_runs.clear()
+        _setup.clear()
         _group_cache.clear()
         _recompiles.clear()
         _collective_bytes.clear()
@@ -207,7 +237,8 @@ def report() -> str:
     s = snapshot()
     lines = [
         "lazy_mlir metrics",
-        f"  mark_steps           {s['mark_steps']}",
+        f"  mark_steps           {s['mark_steps']}" + (f"  (and {s['setup_graphs']} setup graphs, left out here)"
+                                                        if s["setup_graphs"] else ""),
         f"  traces               {s['traces']}  (graph cache hits {s['cache_hits']}, misses {s['cache_misses']})",
         f"  compiles             {s['compiles']}" + (f"  ({s['rebinds']} for another parameter binding)"
                                                       if s["rebinds"] else ""),

@@ -2,53 +2,123 @@
 step compiles once instead of twice.
 
 LTC traces the first step differently from the next for two reasons:
-1. A parameter just moved to the lazy device enters the trace as one
-   device-data node; once a step has updated it in place, LTC reads it
-   through two (forward's and the update's), with other view ops around.
+1. A parameter just moved to the lazy device is an alias (``nn.Parameter``
+   detaches) of the moved tensor, read through a pending ``detach_copy``;
+   once a step has updated it in place and synced, LTC reads it as the
+   functionalized alias of device data, through other nodes.
 2. The optimizer creates its state (``zeros_like(p)``) inside the first
    step's graph; later steps read that state as device data.
-``prepare(model, optimizer)`` updates every parameter in place once (``mul_(1)``,
-exact) and runs that small graph, and makes the optimizer's first step
-create zero-filled state as device data. Optimizers whose first step is
-different math (SGD's momentum buffer starts as a copy of the gradient)
-still trace a second graph after the first step.
+So before a model's first training forward its parameters are updated in
+place once (``mul_(1)``, exact) and synced by a small setup graph, run in
+TorchScript (nothing to compile) and left out of the metrics' step figures
+(``setup_graphs``); and an optimizer's first step creates zero-filled state
+as device data. ``Config.auto_prepare`` (on by default) does both through
+global module and optimizer hooks; ``prepare(model, optimizer)`` does it
+explicitly. Optimizers whose first step is different math (SGD's momentum
+buffer starts as a copy of the gradient) still trace a second graph after
+the first step.
 """
 from __future__ import annotations
 
-import functools
+import weakref
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from . import _C, config, metrics, syncs
+
+settling = False  # a setup graph is being synced: group_compiler compiles nothing
+_settled: weakref.WeakSet = weakref.WeakSet()       # modules decided on (their parameters settled, or none to settle)
+_state_as_data: weakref.WeakSet = weakref.WeakSet()  # optimizers enrolled by prepare()
+_first_steps: dict = {}  # optimizer -> its _StateAsDeviceData mode, during its first step
+_hooks: list = []
 
 
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
     """Call once after moving ``model`` to the lazy device (and creating its
-    optimizer), before the first step. Runs one small graph (a mark_step)."""
-    params = [p for p in model.parameters() if p.device.type == "lazy"]
+    optimizer), before the first step: what ``auto_prepare`` does by itself
+    at the first forward and the first optimizer step. Runs one small setup
+    graph."""
+    params = _lazy_params(model)
     if not params:
         raise ValueError("lazy_mlir.prepare: the model has no parameter on the lazy device; "
                          "call it after model.to('lazy')")
+    _settle(model, params)
+    if optimizer is not None:
+        _state_as_data.add(optimizer)
+
+
+def install() -> None:
+    """The global hooks behind ``auto_prepare`` (once per process; they read
+    the config at each call)."""
+    if not _hooks:
+        _hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(_before_forward))
+        _hooks.append(register_optimizer_step_pre_hook(_before_step))
+        _hooks.append(register_optimizer_step_post_hook(_after_step))
+
+
+def _lazy_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.device.type == "lazy"]
+
+
+def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
+    """Updates ``params`` in place once and syncs them with the tensors under
+    their functionalization aliases, and nothing else: a mark_step here would
+    also materialise the user's inputs already moved to the device, and the
+    first step would then read them unlike every later step."""
+    global settling
+    _settled.update(model.modules())
     with torch.no_grad():
         for p in params:
             p.mul_(1)
-    torch._lazy.mark_step()
-    if optimizer is not None:
-        _first_step_state_as_data(optimizer)
+    buffers = [b for b in model.buffers() if b.device.type == "lazy"]  # moved like the parameters
+    settling = True
+    try:
+        with metrics.setup_graph():
+            _sync_settled(params + _C.functional_bases(params) + buffers)
+    finally:
+        settling = False
 
 
-def _first_step_state_as_data(optimizer: torch.optim.Optimizer) -> None:
-    """Until the optimizer has stepped once, its step() runs under
-    _StateAsDeviceData (the instance's step, not the class's)."""
-    step = optimizer.step
+def _sync_settled(tensors: list[torch.Tensor]) -> None:
+    torch._C._lazy._sync_multi(tensors, [], True, True)
 
-    @functools.wraps(step)
-    def first_step(*args, **kwargs):
-        with _StateAsDeviceData():
-            result = step(*args, **kwargs)
-        if optimizer.state:  # state created: later steps are the steady ones
-            del optimizer.step
-        return result
 
-    optimizer.step = first_step
+syncs.count_as_step(_sync_settled)  # a setup graph, not a value read
+
+
+def _before_forward(module: torch.nn.Module, args) -> None:
+    """A module's first forward in training: settle its parameters (each
+    module is decided on once; its submodules with it)."""
+    if module in _settled or not config.current.auto_prepare or not torch.is_grad_enabled():
+        return
+    if getattr(module, "_lazy_mlir_zero", None) is not None:  # ZeRO manages these parameters
+        _settled.update(module.modules())
+        return
+    params = [p for p in _lazy_params(module) if p.requires_grad]
+    if params:
+        _settle(module, params)
+    else:
+        _settled.add(module)
+
+
+def _before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    if optimizer.state or optimizer in _first_steps:
+        return
+    enrolled = optimizer in _state_as_data or (config.current.auto_prepare and any(
+        p.device.type == "lazy" for group in optimizer.param_groups for p in group["params"]))
+    if enrolled:
+        mode = _StateAsDeviceData()
+        mode.__enter__()
+        _first_steps[optimizer] = mode
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    # A step that raised skips this hook: its mode stays pushed, and only
+    # makes zeros_like/ones_like/full_like of lazy tensors device data.
+    mode = _first_steps.pop(optimizer, None)
+    if mode is not None:
+        mode.__exit__(None, None, None)
 
 
 def _fill_value(func, args, kwargs):

@@ -29,8 +29,13 @@ class EagerFallbackError(RuntimeError):
     """O2: an op would run eagerly, cutting the step into several graphs."""
 
 
-# Executions under mark_step run the step on purpose.
-_STEP_CODES = (torch._lazy.mark_step.__code__,)
+# Executions under mark_step run the step on purpose (and so do lazy_mlir's setup graphs).
+_STEP_CODES = {torch._lazy.mark_step.__code__}
+
+
+def count_as_step(function) -> None:
+    """Executions under ``function`` are on purpose, not value reads."""
+    _STEP_CODES.add(function.__code__)
 
 
 def _is_user_frame(frame) -> bool:
