@@ -5,7 +5,6 @@
 #include <torch/csrc/lazy/core/config.h>
 #include <torch/csrc/lazy/core/tensor.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
-#include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "../runtime/compiled_group.h"
@@ -14,6 +13,7 @@
 #include "draw_order.h"
 #include "graph_clusterer.h"
 #include "meta_kernels.h"
+#include "parameter_settling.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
 #include "source_locations.h"
@@ -76,21 +76,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
-  // The tensors under nn.Parameters' functionalization aliases: a sync of
-  // these (after the parameters' pending updates) settles them (steady_state.py).
-  m.def("functional_bases", [](const std::vector<at::Tensor>& tensors) {
-    std::vector<at::Tensor> bases;
-    for (const at::Tensor& t : tensors) {
-      if (at::functionalization::impl::isFunctionalTensor(t)) {
-        auto* wrapper = at::functionalization::impl::unsafeGetFunctionalWrapper(t);
-        wrapper->apply_updates();
-        auto* storage = static_cast<at::functionalization::FunctionalStorageImpl*>(
-            wrapper->storage().unsafeGetStorageImpl());
-        bases.push_back(storage->base());
-      }
-    }
-    return bases;
-  });
+  m.def("functional_bases", &lazy_mlir::functionalBases);
+  m.def("share_base_buffers", &lazy_mlir::shareBaseBuffers);
   m.def("device_data_ptr", [](const at::Tensor& tensor) -> int64_t {
     // The address of the buffer behind a synced lazy tensor's data, 0 when it
     // has none (pending or never synced): tests and benchmarks see whether a

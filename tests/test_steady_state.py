@@ -49,6 +49,8 @@ def test_first_step_traces_the_steady_state_graph(lazy_level, how, width):
     eager, _, _ = _train(_cfg(width), torch.device("cpu"))
     lazy, misses, snaps = _train(_cfg(width), torch.device("lazy"), prepare=how == "prepare")
     assert misses == [1, 0, 0]  # with auto_prepare off: [1, 1, 0] (test below)
+    # nor does a group compile again: its inputs alias one another as in every later step
+    assert [s["group_cache_misses"] > 0 for s in snaps] == [True, False, False], metrics.report()
     # the setup graph ran before step 0's forward (auto) or in prepare (before the reset)
     assert [s["setup_graphs"] for s in snaps] == ([1, 0, 0] if how == "auto" else [0, 0, 0])
     # AdamW's first updates of near-zero biases amplify fp32 rounding (~1e-6,

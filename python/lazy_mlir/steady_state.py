@@ -65,7 +65,9 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     """Updates ``params`` in place once and syncs them with the tensors under
     their functionalization aliases, and nothing else: a mark_step here would
     also materialise the user's inputs already moved to the device, and the
-    first step would then read them unlike every later step."""
+    first step would then read them unlike every later step. Then each
+    parameter reads its alias's buffer, as after a step (where one output
+    feeds both): the first step's group inputs then alias alike."""
     global settling
     _settled.update(model.modules())
     with torch.no_grad():
@@ -76,6 +78,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     try:
         with metrics.setup_graph():
             _sync_settled(params + _C.functional_bases(params) + buffers)
+        _C.share_base_buffers(params)
     finally:
         settling = False
 
