@@ -13,9 +13,10 @@ namespace lazy_mlir {
 
 BuiltinOpNode::BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands,
                              std::vector<torch::lazy::Shape>&& shapes, std::vector<Argument> arguments,
-                             torch::lazy::hash_t hash)
+                             std::vector<int64_t> list_sizes, torch::lazy::hash_t hash)
     : TsNode(torch::lazy::OpKind(op), operands, std::move(shapes), /*num_outputs=*/shapes.size(), hash),
-      arguments_(std::move(arguments)) {}
+      arguments_(std::move(arguments)),
+      list_sizes_(std::move(list_sizes)) {}
 
 torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                              torch::lazy::TSLoweringContext* loctx) const {
@@ -39,7 +40,29 @@ torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFu
       args.push_back(std::move(value));
     }
   }
-  return torch::lazy::LowerTSBuiltin(function, op().op, args, kwargs);
+  auto returns = torch::lazy::LowerTSBuiltin(function, op().op, args, kwargs);
+  if (list_sizes_.empty()) return returns;
+  TORCH_CHECK(returns.size() == list_sizes_.size(), "lazy_mlir: ", op().op.toQualString(), " lowered to ",
+              returns.size(), " values, expected ", list_sizes_.size());
+  // The builtin call packs several returns into a tuple, unused here: a
+  // list-typed value must not reach the glue graph (groups exchange tensors).
+  for (const auto& use : returns[0]->uses()) {
+    auto* tuple = use.user;
+    if (tuple->kind() == c10::prim::TupleConstruct && !tuple->output()->hasUses()) {
+      tuple->destroy();
+      break;
+    }
+  }
+  torch::lazy::TSOpVector flat;  // a Tensor[] return contributes its items
+  for (size_t r = 0; r < returns.size(); ++r) {
+    if (list_sizes_[r] < 0) {
+      flat.push_back(returns[r]);
+    } else if (list_sizes_[r] > 0) {
+      auto* unpack = graph.insertNode(graph.createListUnpack(returns[r], list_sizes_[r]));
+      for (auto* v : unpack->outputs()) flat.push_back(v);
+    }
+  }
+  return flat;
 }
 
 std::string BuiltinOpNode::ToString() const {
@@ -63,20 +86,26 @@ const c10::FunctionSchema& findSchema(const std::string& name, const std::string
 
 std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
                                      const pybind11::list& args,
-                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs) {
+                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+                                     const std::vector<int64_t>& list_sizes) {
   const auto& schema = findSchema(qualified_name, overload);
   TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: ", qualified_name, " expects ",
               schema.arguments().size(), " arguments, got ", args.size());
 
-  // The device comes from the first lazy tensor argument.
+  // The device comes from the first lazy tensor argument (or tensor list item).
   std::optional<torch::lazy::BackendDevice> device;
-  for (const auto& arg : args) {
-    if (THPVariable_Check(arg.ptr())) {
-      if (auto lt = torch::lazy::TryGetLtcTensor(THPVariable_Unpack(arg.ptr()))) {
-        device = lt->GetDevice();
-        break;
-      }
+  auto findDevice = [&](pybind11::handle arg) {
+    if (!device && THPVariable_Check(arg.ptr())) {
+      if (auto lt = torch::lazy::TryGetLtcTensor(THPVariable_Unpack(arg.ptr()))) device = lt->GetDevice();
     }
+  };
+  for (const auto& arg : args) {
+    if (pybind11::isinstance<pybind11::list>(arg)) {
+      for (auto item : arg) findDevice(item);
+    } else {
+      findDevice(arg);
+    }
+    if (device) break;
   }
   TORCH_CHECK(device, "lazy_mlir: ", qualified_name, " called without a lazy tensor argument");
 
@@ -93,7 +122,8 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
       operand_values.push_back(lt->GetIrValue());
       return operand_values.size() - 1;
     };
-    const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors());
+    const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
+                             formal.type()->isSubtypeOf(*c10::ListType::ofTensors());
     if (THPVariable_Check(value.ptr())) {
       a.operand = addOperand(value);
     } else if (tensor_list && !value.is_none()) {
@@ -116,8 +146,16 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
   std::vector<torch::lazy::Shape> shapes;
   for (const auto& [dtype, sizes] : outputs) shapes.emplace_back(dtype, sizes);
   const size_t num_outputs = shapes.size();
+  if (!list_sizes.empty()) {
+    TORCH_CHECK(list_sizes.size() == schema.returns().size(), "lazy_mlir: ", qualified_name, " has ",
+                schema.returns().size(), " returns, got ", list_sizes.size(), " list sizes");
+    int64_t flat = 0;
+    for (int64_t n : list_sizes) flat += n < 0 ? 1 : n;
+    TORCH_CHECK(flat == static_cast<int64_t>(num_outputs), "lazy_mlir: ", qualified_name, ": list sizes give ",
+                flat, " outputs, got ", num_outputs, " shapes");
+  }
   auto node = torch::lazy::MakeNode<BuiltinOpNode>(c10::Symbol::fromQualString(qualified_name), operand_values,
-                                                   std::move(shapes), std::move(arguments), hash);
+                                                   std::move(shapes), std::move(arguments), list_sizes, hash);
   std::vector<at::Tensor> results;
   for (size_t i = 0; i < num_outputs; ++i) {
     results.push_back(torch::lazy::CreateAtenFromLtcTensor(

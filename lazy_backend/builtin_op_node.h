@@ -28,8 +28,11 @@ class BuiltinOpNode : public torch::lazy::TsNode {
     c10::IValue constant;           // otherwise
   };
 
+  // `list_sizes`: one entry per schema return, the number of tensors of a
+  // Tensor[] return, or -1 for a single tensor (empty: all single tensors).
+  // The node's outputs are the returns flattened: a list's items in order.
   BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands, std::vector<torch::lazy::Shape>&& shapes,
-                std::vector<Argument> arguments, torch::lazy::hash_t hash);
+                std::vector<Argument> arguments, std::vector<int64_t> list_sizes, torch::lazy::hash_t hash);
 
   torch::lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                 torch::lazy::TSLoweringContext* loctx) const override;
@@ -38,13 +41,17 @@ class BuiltinOpNode : public torch::lazy::TsNode {
 
  private:
   std::vector<Argument> arguments_;
+  std::vector<int64_t> list_sizes_;
 };
 
 // Traces `qualified_name` ("aten::sin", overload "default" or e.g. "Tensor")
 // on lazy tensors. `args` are the schema's arguments in order (defaults
-// filled in); `outputs` are (dtype, sizes) pairs of the results.
+// filled in); `outputs` are (dtype, sizes) pairs of the results, Tensor[]
+// returns flattened (`list_sizes` as for BuiltinOpNode: an op returning
+// tensor lists, e.g. _fused_adamw, is one node whose lowering unpacks them).
 std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
                                      const pybind11::list& args,
-                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs);
+                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+                                     const std::vector<int64_t>& list_sizes);
 
 }  // namespace lazy_mlir

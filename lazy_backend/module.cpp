@@ -11,6 +11,7 @@
 #include "../runtime/run_stats.h"
 #include "builtin_op_node.h"
 #include "draw_order.h"
+#include "functional_update.h"
 #include "graph_clusterer.h"
 #include "meta_kernels.h"
 #include "parameter_settling.h"
@@ -64,7 +65,8 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("graph"), py::arg("whole_graph") = false);
   m.def("trace_builtin", &lazy_mlir::traceBuiltin,
         "Trace an aten op without a lazy kernel as a TorchScript builtin node; returns lazy tensors.",
-        py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"));
+        py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"),
+        py::arg("list_sizes") = std::vector<int64_t>());
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,
@@ -77,6 +79,11 @@ PYBIND11_MODULE(_C, m) {
   // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
   m.def("functional_bases", &lazy_mlir::functionalBases);
+  m.def("functional_values", &lazy_mlir::functionalValues,
+        "The lazy tensors under functionalized ones, pending updates applied (functional_update.h).");
+  m.def("functional_replace", &lazy_mlir::functionalReplace,
+        "Updates functionalized tensors in place to the given lazy values (functional_update.h).",
+        py::arg("targets"), py::arg("values"));
   m.def("share_base_buffers", &lazy_mlir::shareBaseBuffers);
   m.def("device_data_ptr", [](const at::Tensor& tensor) -> int64_t {
     // The address of the buffer behind a synced lazy tensor's data, 0 when it

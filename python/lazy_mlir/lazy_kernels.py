@@ -350,12 +350,21 @@ def _to_meta(x):
 
 
 def trace_builtin(op, args, kwargs):
-    """Traces ``op`` as one TorchScript builtin node; raises if it cannot."""
+    """Traces ``op`` as one TorchScript builtin node; raises if it cannot.
+    Tensor[] returns come back as lists: the node's outputs are their
+    items, unpacked by its lowering."""
     meta_out = op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
-    outputs = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+    single = len(op._schema.returns) == 1
+    returns = [meta_out] if single else list(meta_out)
+    lists = [isinstance(r.type, torch.ListType) for r in op._schema.returns]
+    list_sizes = [len(r) if is_list else -1 for r, is_list in zip(returns, lists)] if any(lists) else []
+    outputs = [t for r, is_list in zip(returns, lists) for t in (r if is_list else [r])]
     results = _C.trace_builtin(op._schema.name, op._overloadname, _schema_arguments(op, args, kwargs),
-                               [(t.dtype, list(t.shape)) for t in outputs])
-    return results[0] if isinstance(meta_out, torch.Tensor) else tuple(results)
+                               [(t.dtype, list(t.shape)) for t in outputs], list_sizes)
+    items, out = iter(results), []
+    for n in (list_sizes or [-1] * len(returns)):
+        out.append(next(items) if n < 0 else [next(items) for _ in range(n)])
+    return out[0] if single else tuple(out)
 
 
 def _builtin_kernel(op):

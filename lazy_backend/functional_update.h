@@ -1,0 +1,24 @@
+// In-place updates of many functionalized lazy tensors by one traced node
+// (lazy_mlir.fused_optimizer: an Adam step as one lazy_mlir::adam_step node
+// over tensor lists): what functionalization's generated kernel of an
+// in-place op does (replace, commit, sync, bump the version), from one call.
+// (The generated kernels of list ops refuse an empty list among the mutated
+// ones, e.g. _fused_adamw_'s max_exp_avg_sqs without amsgrad.)
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <vector>
+
+namespace lazy_mlir {
+
+// The current value under each functionalized tensor (pending updates
+// applied); a tensor that is not functionalized is returned as is.
+std::vector<at::Tensor> functionalValues(const std::vector<at::Tensor>& tensors);
+
+// targets[i] now holds values[i] (a lazy tensor of its shape and dtype), as
+// after an in-place op: the update reaches the tensors aliasing it, and its
+// autograd version counter is bumped.
+void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& values);
+
+}  // namespace lazy_mlir
