@@ -3,8 +3,8 @@
 Runs, each in its own subprocess and in one invocation: eager,
 torch.compile(model) with the optimizer step eager, torch.compile(model) with
 torch.compile(optimizer.step), the stock torch._lazy TorchScript backend, and
-lazy_mlir O0/O1/O2. Eager and torch.compile run on the device that backs
-lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
+lazy_mlir O0/O1/O2, and O1 with Config.fuse_optimizer (AdamW traced as one
+node). Eager and torch.compile run on the device that backs lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
 median ms/step after warm-up, ratios to eager and to each torch.compile row,
 peak RSS, compile seconds (warm-up time above the median), graph executions
 and eager fallbacks per step, and for lazy_mlir rows the step's split into
@@ -29,7 +29,11 @@ from child import exit_if_failed, pick_round, run_child
 from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
-            "lazy_mlir_O2"]
+            "lazy_mlir_O1_fused_opt", "lazy_mlir_O2"]
+# lazy_mlir rows: level and init() options
+LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
+                  # AdamW traced as one node per step (Config.fuse_optimizer, off by default)
+                  "lazy_mlir_O1_fused_opt": ("O1", {"fuse_optimizer": True})}
 COMPILE_ROWS = ("compile_model", "compile_model_opt")
 
 
@@ -46,7 +50,8 @@ def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
         torch._lazy.ts_backend.init()
     elif lazy:
         import lazy_mlir
-        lazy_mlir.init(variant.rsplit("_", 1)[1], **init_options)
+        level, options = LAZY_MLIR_ROWS[variant]
+        lazy_mlir.init(level, **{**init_options, **options})
     device = torch.device("lazy" if lazy else backing_device())
     model = make_gpt(cfg).to(device)
     opt = make_adamw(model)
@@ -101,7 +106,7 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
             "fallbacks_per_step": s["fallback_count"] / steps,
             "split_ms": split.medians_ms(warmup),
         })
-        why = not_compiled(s, variant.rsplit("_", 1)[1])
+        why = not_compiled(s, LAZY_MLIR_ROWS[variant][0])
         if why:
             result["failed"] = why
     elif variant == "ts_lazy":

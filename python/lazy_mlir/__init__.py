@@ -18,7 +18,8 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import compilable, config, dump, group_compiler, lazy_kernels, metrics, module_ties, steady_state, step_errors
+from . import compilable, config, dump, fused_optimizer, group_compiler, lazy_kernels, metrics, module_ties
+from . import steady_state, step_errors
 from . import syncs
 from . import _C
 from .steady_state import prepare
@@ -48,6 +49,7 @@ def init(level: str = "O1", **options) -> config.Config:
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
     steady_state.install()  # auto_prepare's hooks
+    fused_optimizer.install()  # Adam/AdamW steps as one traced node (Config.fuse_optimizer)
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     if cfg.ltc_thread_pool:
         warnings.warn("lazy_mlir: ltc_thread_pool=True runs graphs on LTC's IO thread, where a cached graph is "

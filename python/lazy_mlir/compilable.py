@@ -29,6 +29,9 @@ RANDOM_OPS = {
 DENIED = HOST_SYNCS | RANDOM_OPS
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
+# Ops returning tensor lists that the TS -> FX conversion expands into
+# per-tensor ops (lowering/fused_optimizer.py): their lists stay inside a group.
+LIST_RETURNING = {"lazy_mlir::adam_step"}
 _allowed: set[str] = set()
 _generation = 0  # bumped by allow()/deny(): compiled graphs then recompile
 
@@ -62,15 +65,30 @@ def _plain_values(values) -> bool:
     return all(isinstance(v.type(), _VALUE_TYPES) for v in values)
 
 
+def _unpacked_tensor_list(value: torch._C.Value) -> bool:
+    """A Tensor[] that only prim::ListUnpack nodes read (they join its group)."""
+    t = value.type()
+    return (isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), torch._C.TensorType)
+            and all(use.user.kind() == "prim::ListUnpack" for use in value.uses()))
+
+
 def classify(node: torch._C.Node) -> int:
     kind = node.kind()
     if kind in PLUMBING_KINDS:
         return PLUMBING
+    if kind == "prim::ListUnpack":
+        # Of a list-returning op the converter expands: compute, at its
+        # producer's depth, so in its group; of anything else: TorchScript.
+        producer = node.input().node().kind()
+        return COMPUTE if producer in LIST_RETURNING and _unpacked_tensor_list(node.input()) else NOT_COMPILABLE
     if kind in _allowed:
         return COMPUTE
     if not kind.startswith(COMPILED_NAMESPACES) or kind in DENIED:
         return NOT_COMPILABLE
     outputs = list(node.outputs())
-    if not outputs or not all(isinstance(v.type(), torch._C.TensorType) for v in outputs):
+    if kind in LIST_RETURNING:
+        if not all(isinstance(v.type(), torch._C.TensorType) or _unpacked_tensor_list(v) for v in outputs):
+            return NOT_COMPILABLE
+    elif not outputs or not all(isinstance(v.type(), torch._C.TensorType) for v in outputs):
         return NOT_COMPILABLE
     return COMPUTE if _plain_values(node.inputs()) else NOT_COMPILABLE

@@ -63,6 +63,12 @@ class Config:
     # Set by the backend on one fusion group's copy of the config, never by
     # users: the group inputs its code may write outputs into.
     donated_inputs: tuple = ()
+    # Trace an Adam/AdamW step on the lazy device as one node per parameter
+    # group instead of ~10 ops per parameter (see fused_optimizer; same math,
+    # float rounding aside). Off unless LAZY_MLIR_FUSE_OPTIMIZER=1: it saves
+    # GPT-mini ~10 ms of trace and LTC sync, but Inductor's code for the
+    # expanded update is ~11 ms slower (README), so the step is no faster yet.
+    fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", False))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile
@@ -71,7 +77,7 @@ class Config:
 
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
-                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "auto_prepare")
+                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "auto_prepare", "fuse_optimizer")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -27,6 +27,7 @@ _stage_runs: collections.Counter = collections.Counter()  # how often each stage
 _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss"
 _recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
+_optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
 # What setup graphs (steady_state's) added to the backend's and LTC's counters:
 # left out of the step figures, counted as "setup_graphs".
 _setup: collections.Counter = collections.Counter()
@@ -81,6 +82,13 @@ def record_recompile(record: dict) -> None:
     """A compile after a group's first: group, ops, step_source, previous, changes."""
     with _lock:
         _recompiles.append(record)
+
+
+def count_optimizer_group(unfused_reason: str | None) -> None:
+    """An Adam parameter group's step: traced as one node (None), or torch's
+    own per-tensor ops, and why (see fused_optimizer)."""
+    with _lock:
+        _optimizer_groups[unfused_reason] += 1
 
 
 def count_cache(outcome: str) -> None:
@@ -162,6 +170,7 @@ def snapshot() -> dict:
         stage_runs = dict(_stage_runs)
         group_cache = dict(_group_cache)
         recompiles = [dict(r) for r in _recompiles]
+        optimizer_groups = dict(_optimizer_groups)
     mark_steps = _ltc_counter("MarkStep") - setup.get("MarkStep", 0)
     uncached = _ltc_counter("UncachedCompile") - setup.get("UncachedCompile", 0)
     cached = _ltc_counter("CachedCompile") - setup.get("CachedCompile", 0)
@@ -200,6 +209,9 @@ def snapshot() -> dict:
         "generic_disk_hits": group_cache.get("generic_disk_hit", 0),  # variants read from the cache folder
         "generic_compiles": group_cache.get("generic_compile", 0),
         "generic_failed": group_cache.get("generic_failed", 0),
+        # Adam parameter-group steps traced as one node, and those that were not (why -> count)
+        "optimizer_groups_fused": optimizer_groups.pop(None, 0),
+        "optimizer_groups_unfused": optimizer_groups,
         "stage_runs": stage_runs,
         "recompiles": recompiles,
         "seconds": {
@@ -231,6 +243,7 @@ def reset() -> None:
         _group_cache.clear()
         _recompiles.clear()
         _collective_bytes.clear()
+        _optimizer_groups.clear()
 
 
 def report() -> str:
@@ -255,6 +268,11 @@ def report() -> str:
     if s["groups_per_graph"]:
         per = ", ".join(f"{g}: {n}" for g, n in sorted(s["groups_per_graph"].items()))
         lines.append(f"  groups per graph     {per}")
+    if s["optimizer_groups_fused"] or s["optimizer_groups_unfused"]:
+        unfused = sum(s["optimizer_groups_unfused"].values())
+        why = ", ".join(f"{n} x {reason}" for reason, n in s["optimizer_groups_unfused"].items())
+        lines.append(f"  optimizer groups     {s['optimizer_groups_fused']} fused steps, {unfused} not fused"
+                     + (f" ({why})" if why else ""))
     lines.append(f"  fallbacks            {s['fallback_count']}")
     for op, n in sorted(s["fallbacks"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {op:<30} {n}")

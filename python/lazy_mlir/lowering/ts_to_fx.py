@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from .fused_optimizer import ADAM_STEP, expand_adam_step
 from .op_aliases import alias_of
 
 
@@ -132,6 +133,9 @@ class _Converter:
             self.env[node.output()] = self._constant(node)
         elif kind == "prim::ListConstruct":
             self.env[node.output()] = [self.env[v] for v in node.inputs()]
+        elif kind == "prim::ListUnpack":  # of a list-returning op expanded below (fused Adam)
+            for value, item in zip(node.outputs(), self.env[node.input()]):
+                self.env[value] = item
         elif kind in _IMPLICIT and self.env[node.input()] in self.symbolic_scalars:
             self.env[node.output()] = self.symbolic_scalars[self.env[node.input()]]
         elif kind in _IMPLICIT and self.env[node.input()] in self.constant_tensors:
@@ -221,6 +225,13 @@ class _Converter:
             call.meta["val"] = torch.ops.aten.arange.start_step(start, self._fake(end), step, **kwargs)
         self.env[node.output()] = call
 
+    def emit(self, target, *args, **kwargs) -> fx.Node:
+        """One call of ``target`` with its fake value (for expansions of an op)."""
+        call = self.graph.call_function(target, args, kwargs)
+        with self.fake_mode:
+            call.meta["val"] = target(*self._fake_args(args), **self._fake_args(kwargs))
+        return call
+
     def _convert_call(self, node: torch._C.Node) -> None:
         op = _resolve_overload(node)
         if op is torch.ops.aten.arange.start_out:
@@ -232,6 +243,14 @@ class _Converter:
                 kwargs[formal.name] = converted
             else:
                 args.append(converted)
+        if op._schema.name == ADAM_STEP:  # tensor lists in and out: expanded into per-tensor ops
+            try:
+                results = expand_adam_step(self.emit, self.graph, args + list(kwargs.values()))
+            except Exception as exc:
+                raise ConversionError(f"lazy_mlir: cannot expand {_describe(node)}: {exc}") from exc
+            for value, result in zip(node.outputs(), results):
+                self.env[value] = result
+            return
         call = self.graph.call_function(op, tuple(args), kwargs)
         outputs = list(node.outputs())
         if op is torch.ops.aten.ScalarImplicit.default:

@@ -16,7 +16,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from .. import config
+from .. import config, fused_optimizer
 from . import ops  # noqa: F401 - registers the marker ops
 from .engine import ZeroEngine
 from .gloo_group import collective_device
@@ -140,6 +140,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
                 groups.append({**{k: v for k, v in g.items() if k != "params"},
                                "params": [m.shard if m.sharded else m.param for m in managed]})
             inner = type(optimizer)(groups)  # each group carries all its hyper-parameters
+            fused_optimizer.exclude(inner)  # the zero passes expect the per-tensor update
             engine.attach(model)
             setattr(model, _ENGINE_ATTR, engine)
             _use_zero_pipeline(engine)

@@ -1,0 +1,183 @@
+"""Adam and AdamW steps on the lazy device traced as one node per parameter
+group (``Config.fuse_optimizer``, off by default: see the README for why).
+
+torch's single-tensor Adam runs ~10 ops per parameter (``mul_``, ``lerp_``,
+``mul_``, ``addcmul_``, ``sqrt``, ``div``, ``add_``, ``addcdiv_`` ...), each
+traced by LTC with its scalar arguments: ~10 ms of GPT-mini's trace for 52
+parameters, about as much as its forward and backward together. Its fused
+implementation (``fused=True``, aten's ``_fused_adamw_``) refuses the lazy
+device, and the foreach path traces per tensor anyway (LTC decomposes
+``_foreach_*``).
+
+So while an Adam/AdamW optimizer steps (between the optimizer step pre- and
+post-hooks), torch's functional ``torch.optim.adam.adam``, which its
+``step`` calls once per parameter group, is replaced for lazy parameters by
+one traced ``lazy_mlir::adam_step`` node: a builtin node
+(``lazy_backend/builtin_op_node.h``) taking the tensor lists and returning
+the new lists, written back into the parameters and state in place
+(``lazy_backend/functional_update.h``). The op is the single-tensor
+algorithm (``lowering/fused_optimizer.py``): run eagerly at O0, expanded
+into per-tensor aten ops by the TS -> FX conversion when compiled, which
+Inductor fuses into one kernel per parameter. Its per-step scalars are
+computed here, in Python doubles as Adam does, and enter as one 3-element
+input per distinct step count. (Not aten's ``_fused_adamw``: it computes
+them from the step count inside the op, and Inductor then recomputed the
+``pow`` in every parameter's loop.)
+
+What stays as the user chose: the optimizer, its state (``step`` on the CPU,
+as non-capturable Adam keeps it, so ``state_dict`` is unchanged and the
+option can be switched at any step), its hyper-parameters and the math of
+the single-tensor algorithm (compiled results differ by float rounding
+only, as the op-by-op trace's do). ``foreach`` is ignored (same math). Not
+fused, the user's path runs unchanged and ``metrics`` counts why:
+``capturable``, ``differentiable``, complex parameters, tensor betas, AMP's
+``grad_scale``/``found_inf``, parameters not all on one lazy device, and
+optimizers excluded with ``exclude()`` (lazy_mlir.zero's).
+Graph constants: betas, eps, weight decay, amsgrad, maximize (changing one
+traces a new graph); lr and the step count are inputs (a scheduler changes
+lr without a recompile).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from . import _C, config, metrics
+from .lowering.fused_optimizer import ADAM_STEP, ADAM_STEP_SCHEMA, adam_update, step_scalars
+
+_active = threading.local()  # .optimizer: the Adam stepping now, if it is fused
+_excluded: weakref.WeakSet = weakref.WeakSet()
+_original_adam = None
+_hooks: list = []
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def exclude(optimizer: torch.optim.Optimizer) -> None:
+    """Never fuse ``optimizer``'s steps (lazy_mlir.zero's inner optimizer:
+    its passes expect the per-tensor update)."""
+    _excluded.add(optimizer)
+
+
+def install() -> None:
+    """Wraps ``torch.optim.adam.adam`` (Adam's and AdamW's ``step`` call it)
+    and installs the step hooks that say which optimizer is stepping. Once
+    per process; the config is read at each step."""
+    global _original_adam
+    if _original_adam is not None:
+        return
+    import torch.optim.adam as adam_module
+
+    _original_adam = adam_module.adam
+    adam_module.adam = _adam
+    _hooks.append(register_optimizer_step_pre_hook(_before_step))
+    _hooks.append(register_optimizer_step_post_hook(_after_step))
+
+
+def _before_step(optimizer, args, kwargs) -> None:
+    fuse = (config.current.fuse_optimizer and isinstance(optimizer, torch.optim.Adam)
+            and optimizer not in _excluded)
+    _active.optimizer = optimizer if fuse else None
+
+
+def _after_step(optimizer, args, kwargs) -> None:
+    _active.optimizer = None
+
+
+def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=None, capturable=False,
+          differentiable=False, fused=None, grad_scale=None, found_inf=None, has_complex=False,
+          decoupled_weight_decay=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
+    """torch.optim.adam.adam, traced as one node when the stepping optimizer is fused."""
+    why = None
+    if getattr(_active, "optimizer", None) is not None and any(p.device.type == "lazy" for p in params):
+        why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf,
+                         has_complex, beta1, beta2, lr)
+        if why is None:
+            _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps,
+                        amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                        maximize=maximize, decoupled=decoupled_weight_decay)
+            metrics.count_optimizer_group(None)
+            return
+        metrics.count_optimizer_group(why)
+    _original_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=foreach,
+                   capturable=capturable, differentiable=differentiable, fused=fused, grad_scale=grad_scale,
+                   found_inf=found_inf, has_complex=has_complex, decoupled_weight_decay=decoupled_weight_decay,
+                   amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                   maximize=maximize)
+
+
+def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, has_complex,
+               beta1, beta2, lr) -> str | None:
+    """Why this parameter group keeps torch's own path (None: it is fused)."""
+    if fused:
+        return "fused=True"
+    if capturable:
+        return "capturable=True"
+    if differentiable:
+        return "differentiable=True"
+    if grad_scale is not None or found_inf is not None:
+        return "grad_scale/found_inf (AMP)"
+    if has_complex:
+        return "complex parameters"
+    if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
+        return "tensor betas"
+    if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
+        return "lr tensor that is not a plain CPU value"
+    device = params[0].device
+    if device.type != "lazy" or any(p.device != device or p.dtype not in _FLOATS for p in params):
+        return "parameters not all floating-point on one lazy device"
+    if any(s.device.type != "cpu" for s in state_steps):
+        return "step counts not on the CPU"
+    return None
+
+
+def _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
+                weight_decay, eps, maximize, decoupled) -> None:
+    device = params[0].device
+    torch._foreach_add_(state_steps, 1)  # CPU tensors: Adam's ``step_t += 1``
+    lr = lr.item() if isinstance(lr, torch.Tensor) else lr
+    beta1, beta2, weight_decay, eps = float(beta1), float(beta2), float(weight_decay), float(eps)
+    # Adam's per-step scalars, computed as it does (Python doubles), one
+    # 3-element input per distinct step count (one for all, usually): an
+    # input, so a new step or learning rate needs no new graph.
+    on_device = {}
+    scalars = []
+    for count in torch.stack(state_steps).tolist():
+        if count not in on_device:
+            values = step_scalars(count, lr, weight_decay, beta1, beta2)
+            on_device[count] = torch.tensor(values, dtype=torch.float64).to(device)
+        scalars.append(on_device[count])
+
+    lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
+    values = _C.functional_values([t for ts in lists for t in ts] + scalars)
+    arguments, start = [], 0
+    for length in [len(ts) for ts in lists] + [len(params)]:
+        arguments.append(values[start:start + length])
+        start += length
+    arguments += [beta1, beta2, weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled)]
+    updated = (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)  # grads are not written, as by torch's Adam
+    outputs = [(t.dtype, list(t.shape)) for ts in updated for t in ts]
+    lengths = [len(ts) for ts in updated]
+    results = _C.trace_builtin(ADAM_STEP, "default", arguments, outputs, lengths)
+    _C.functional_replace([t for ts in updated for t in ts], results)
+
+
+# ------------------------------------------------------------------ the op
+def _eager_adam_step(*args):
+    """The op run eagerly (O0, or a group left to TorchScript): the same
+    per-tensor math the compiled expansion runs."""
+    with torch.no_grad():
+        return adam_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
+
+
+def _meta_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *rest):
+    return tuple([torch.empty_like(t) for t in ts] for ts in (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs))
+
+
+_LIB = torch.library.Library("lazy_mlir", "FRAGMENT")
+_LIB.define(ADAM_STEP_SCHEMA)
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("adam_step", _eager_adam_step, _key)
+_LIB.impl("adam_step", _meta_adam_step, "Meta")

@@ -1,0 +1,121 @@
+"""``lazy_mlir::adam_step`` (one traced node for an Adam/AdamW step over a
+parameter group, see ``lazy_mlir.fused_optimizer``) -> per-tensor aten ops.
+
+The node takes and returns tensor lists, which our MLIR passes (they
+reason per tensor value: in-place writes, ZeRO shards) and the export back
+to FX do not model. So the TS -> FX conversion expands it here into the ops
+torch's single-tensor Adam runs (``_single_tensor_adam``, not capturable),
+which Inductor fuses into one kernel per parameter, as it does the unfused
+trace. ``adam_update`` is also the op's eager kernel (O0, TorchScript): one
+definition of the math.
+
+Adam computes its per-step scalars in Python doubles; so does
+``lazy_mlir.fused_optimizer``, and each parameter's ``step_scalars`` entry
+is a float64 tensor ``[1 - lr * weight_decay, bias_correction2 ** 0.5,
+-lr / bias_correction1]``, read here and cast to the parameter's dtype
+where Adam passes a Python scalar. (Computed in the graph from the step
+count instead, as aten's ``_fused_adamw`` does, Inductor inlined the
+``pow`` into every parameter's loop.)
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+aten = torch.ops.aten
+
+ADAM_STEP = "lazy_mlir::adam_step"
+ADAM_STEP_SCHEMA = (
+    "adam_step(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, "
+    "Tensor[] max_exp_avg_sqs, Tensor[] step_scalars, float beta1, float beta2, float weight_decay, float eps, "
+    "bool amsgrad, bool maximize, bool decoupled_weight_decay) -> (Tensor[], Tensor[], Tensor[], Tensor[])")
+DECAY, BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE = range(3)  # step_scalars entries
+
+
+def step_scalars(step: float, lr: float, weight_decay: float, beta1: float, beta2: float) -> list[float]:
+    """What _single_tensor_adam computes in Python for one step count."""
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = lr / bias_correction1
+    return [1 - lr * weight_decay, bias_correction2 ** 0.5, -step_size]
+
+
+def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, beta1, beta2,
+                weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, dtype_of: Callable,
+                place: Callable = lambda what: contextlib.nullcontext()):
+    """The op's results (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs after
+    the step). ``emit(target, *args, **kwargs)`` runs or records one aten
+    call; ``dtype_of`` gives a value's dtype; ``place(i)`` (a context) is
+    where parameter ``i``'s update is recorded, ``place(None)`` the scalars'."""
+    casts = {}
+
+    def scalar(i, which):  # Adam's Python scalar, as the parameter's (op math) dtype
+        dtype = dtype_of(params[i])
+        key = (scalars[i], which, torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
+        if key not in casts:
+            with place(None):
+                casts[key] = emit(aten._to_copy.default, emit(aten.select.int, scalars[i], 0, which), dtype=key[2])
+        return casts[key]
+
+    new_params, new_exp_avgs, new_exp_avg_sqs, new_max = [], [], [], []
+    for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        for which in ((DECAY,) if decoupled_weight_decay and weight_decay != 0 else ()) + (
+                BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE):
+            scalar(i, which)
+        with place(i):
+            _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scalar, beta1, beta2,
+                        weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
+                        new_params, new_exp_avgs, new_exp_avg_sqs, new_max)
+    return new_params, new_exp_avgs, new_exp_avg_sqs, new_max
+
+
+def _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scalar, beta1, beta2, weight_decay, eps,
+            amsgrad, maximize, decoupled_weight_decay, new_params, new_exp_avgs, new_exp_avg_sqs, new_max):
+    if maximize:
+        grad = emit(aten.neg.default, grad)
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            param = emit(aten.mul.Tensor, param, scalar(i, DECAY))
+        else:
+            grad = emit(aten.add.Tensor, grad, param, alpha=weight_decay)
+    exp_avg = emit(aten.lerp.Scalar, exp_avg, grad, 1 - beta1)
+    exp_avg_sq = emit(aten.addcmul.default, emit(aten.mul.Tensor, exp_avg_sq, beta2), grad, grad,
+                      value=1 - beta2)
+    second = exp_avg_sq
+    if amsgrad:
+        second = emit(aten.maximum.default, max_exp_avg_sqs[i], exp_avg_sq)
+        new_max.append(second)
+    denom = emit(aten.add.Tensor, emit(aten.div.Tensor, emit(aten.sqrt.default, second),
+                                       scalar(i, BIAS_CORRECTION2_SQRT)), eps)
+    # addcdiv(param, exp_avg, denom, value=-step_size): param + (value * exp_avg) / denom
+    update = emit(aten.div.Tensor, emit(aten.mul.Tensor, exp_avg, scalar(i, NEG_STEP_SIZE)), denom)
+    new_params.append(emit(aten.add.Tensor, param, update))
+    new_exp_avgs.append(exp_avg)
+    new_exp_avg_sqs.append(exp_avg_sq)
+
+
+def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
+    """The FX expansion of one ``lazy_mlir::adam_step`` call (``args``: its
+    schema arguments in order, tensors as FX nodes) into ``graph``.
+
+    Each parameter's update goes right after the last of its inputs (its
+    gradient), not at the node's place after the whole backward: where the
+    op-by-op trace has it (LTC lowers in post-order from each output), and
+    where Inductor's fusion and buffer reuse did well with it."""
+    order = {node: n for n, node in enumerate(graph.nodes)}
+    first_op = next((node for node in graph.nodes if node.op != "placeholder"), None)
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars = args[:6]
+
+    def place(i):
+        if i is None:  # scalars read the inputs only: before every update
+            return graph.inserting_before(first_op) if first_op is not None else contextlib.nullcontext()
+        inputs = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[i]]
+        inputs += [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []
+        latest = max(inputs, key=lambda node: order.get(node, -1))
+        if latest.op == "placeholder":
+            return place(None)
+        return graph.inserting_before(latest.next)  # (inserting_after would put each new node first)
+
+    return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=place)
