@@ -49,7 +49,8 @@ def init(level: str = "O1", **options) -> config.Config:
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
     steady_state.install()  # auto_prepare's hooks
-    fused_optimizer.install()  # Adam/AdamW steps as one traced node (Config.fuse_optimizer)
+    if cfg.fuse_optimizer:  # torch.optim.adam.adam stays torch's own until asked for
+        fused_optimizer.install()  # Adam/AdamW steps as one traced node
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     if cfg.ltc_thread_pool:
         warnings.warn("lazy_mlir: ltc_thread_pool=True runs graphs on LTC's IO thread, where a cached graph is "
