@@ -9,7 +9,7 @@ import warnings
 import torch
 import torch._lazy
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from lazy_mlir import metrics
 
@@ -41,28 +41,59 @@ class Outcome:
     detail: str = ""
 
 
-def _to_lazy(value):
-    return value.to(LAZY) if isinstance(value, torch.Tensor) else value
+def _placement_samples(op, dtype):
+    """The op's samples made for a non-CPU device (``meta``): where they leave a
+    tensor on the CPU, the op wants it there (aten reads it on the host, e.g.
+    ``tensor_split``'s ``tensor_indices_or_sections``). Stops at the first sample
+    the generator cannot make on ``meta`` (it calls ``.item()``, ...)."""
+    try:
+        yield from op.sample_inputs("meta", dtype, requires_grad=False)
+    except Exception:  # noqa: BLE001 - then every tensor goes to the lazy device
+        return
 
 
-def samples(op, dtype, max_samples=1, channels_last=False):
-    """The op's first samples for ``dtype`` (CPU tensors), optionally channels_last."""
+def _host_side(sample, placed) -> frozenset:
+    """ids of ``sample``'s tensors that ``placed`` (the same sample made for
+    ``meta``) keeps on the CPU; empty where the two do not line up."""
+    if placed is None:
+        return frozenset()
+    leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+    placed_leaves, placed_spec = tree_flatten((placed.input, placed.args, placed.kwargs))
+    if spec != placed_spec:
+        return frozenset()
+    return frozenset(id(v) for v, p in zip(leaves, placed_leaves)
+                     if isinstance(v, torch.Tensor) and isinstance(p, torch.Tensor) and p.device.type == "cpu"
+                     and v.shape == p.shape and v.dtype == p.dtype)
+
+
+def placed_samples(op, dtype, max_samples=1, channels_last=False):
+    """The op's first samples for ``dtype`` (CPU tensors), optionally channels_last,
+    each with the ids of its tensors that stay on the CPU in the lazy run (where
+    OpInfo leaves them for a non-CPU device)."""
     found = []
+    placements = _placement_samples(op, dtype)
     for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+        host = _host_side(sample, next(placements, None))
         if channels_last:
             if not (isinstance(sample.input, torch.Tensor) and sample.input.dim() == 4):
                 continue
             sample = sample.transform(lambda t: t.contiguous(memory_format=torch.channels_last)
-                                      if isinstance(t, torch.Tensor) and t.dim() == 4 else t)
-        found.append(sample)
+                                      if isinstance(t, torch.Tensor) and t.dim() == 4 and id(t) not in host else t)
+        found.append((sample, host))
         if len(found) == max_samples:
             break
     return found
 
 
-def compare(lazy_out, eager_out, dtype) -> None:
-    """Every output (tuples included) equal to eager, NaN positions too."""
-    lazy_flat, lazy_spec = tree_flatten(lazy_out)
+def samples(op, dtype, max_samples=1, channels_last=False):
+    """The op's first samples for ``dtype`` (CPU tensors), optionally channels_last."""
+    return [sample for sample, _ in placed_samples(op, dtype, max_samples, channels_last)]
+
+
+def compare(lazy_flat, lazy_spec, eager_out, dtype) -> None:
+    """Every output (tuples included) equal to eager, NaN positions too, in
+    containers of the same types (a ``torch.Size`` is not a tuple). The lazy
+    outputs come flattened (``tree_flatten``: unflattening makes a Size a tuple)."""
     eager_flat, eager_spec = tree_flatten(eager_out)
     assert lazy_spec == eager_spec, f"output structure {lazy_spec} != eager {eager_spec}"
     for i, (got, want) in enumerate(zip(lazy_flat, eager_flat)):
@@ -73,23 +104,25 @@ def compare(lazy_out, eager_out, dtype) -> None:
             assert got == want, f"output {i}: {got!r} != eager {want!r}"
 
 
-def run_sample(fn, sample, dtype, seed=0) -> Outcome:
-    """Runs ``fn`` on ``sample`` lazily (one mark_step) and eagerly; compares and classifies."""
+def run_sample(fn, sample, dtype, seed=0, host_side=frozenset()) -> Outcome:
+    """Runs ``fn`` on ``sample`` lazily (one mark_step) and eagerly; compares and
+    classifies. Every tensor goes to the lazy device but those in ``host_side``."""
     metrics.reset()
     try:
-        lazy_sample = sample.transform(_to_lazy)
+        lazy_sample = sample.transform(lambda v: v.to(LAZY) if isinstance(v, torch.Tensor) and id(v) not in host_side else v)
         torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a group falling back warns; the metrics say it
             lazy_out = fn(lazy_sample.input, *lazy_sample.args, **lazy_sample.kwargs)
             torch._lazy.mark_step()
-            lazy_out = tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, lazy_out)
+            lazy_flat, lazy_spec = tree_flatten(lazy_out)
+            lazy_flat = [v.cpu() if isinstance(v, torch.Tensor) else v for v in lazy_flat]
     except Exception as exc:  # noqa: BLE001 - reported per op
         return Outcome("failed", f"lazy run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     torch.manual_seed(seed)
     eager_out = fn(sample.input, *sample.args, **sample.kwargs)
     try:
-        compare(lazy_out, eager_out, dtype)
+        compare(lazy_flat, lazy_spec, eager_out, dtype)
     except AssertionError as exc:
         return Outcome("failed", f"mismatch: {' '.join(str(exc).split())[:200]}")
     return classify(metrics.snapshot())
@@ -112,8 +145,8 @@ def run_op(name: str, dtype, max_samples=1, channels_last=False) -> Outcome:
     op = OPS[name]
     if dtype not in op.supported_dtypes("cpu"):
         return Outcome("no_sample", f"{dtype} not supported on CPU")
-    found = samples(op, dtype, max_samples, channels_last)
+    found = placed_samples(op, dtype, max_samples, channels_last)
     if not found:
         return Outcome("no_sample", "no sample input")
-    outcomes = [run_sample(op, sample, dtype) for sample in found]
+    outcomes = [run_sample(op, sample, dtype, host_side=host) for sample, host in found]
     return next((o for o in outcomes if o.status != "compiled"), outcomes[0])

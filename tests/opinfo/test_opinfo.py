@@ -5,6 +5,7 @@ The fast subset runs in ``make test``; the whole op_db (both dtypes) runs with
 """
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
 import lazy_mlir
 import lazy_opinfo
@@ -43,6 +44,20 @@ def test_fast(name, dtype):
 
 def test_channels_last_input():
     check(lazy_opinfo.run_op("nn.functional.conv2d", torch.float32, channels_last=True), "nn.functional.conv2d")
+
+
+def test_host_side_argument_stays_on_cpu():
+    # tensor_split's tensor of indices: aten requires it on the CPU, as OpInfo leaves it.
+    (sample, host), = lazy_opinfo.placed_samples(lazy_opinfo.OPS["tensor_split"], torch.float32)
+    assert [id(a) for a in sample.args if isinstance(a, torch.Tensor)] == list(host)
+    check(lazy_opinfo.run_sample(lazy_opinfo.OPS["tensor_split"], sample, torch.float32, host_side=host), "tensor_split")
+
+
+def test_size_output_compares_as_size():
+    check(lazy_opinfo.run_op("broadcast_shapes", torch.float32), "broadcast_shapes")
+    flat, spec = tree_flatten((5, 5))  # a tuple is not the Size eager gives
+    with pytest.raises(AssertionError, match="structure"):
+        lazy_opinfo.compare(flat, spec, torch.Size([5, 5]), torch.float32)
 
 
 def test_random_from_draws_what_eager_draws():
