@@ -346,3 +346,35 @@ def test_composite_calling_a_mutable_op_without_sibling_is_traced_as_a_node(lazy
         assert torch.equal(got.values.cpu(), want.values) and torch.equal(got.indices.cpu(), want.indices)
     assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
     assert {"aten::cummax", "aten::cummin"} <= set(lazy_kernels.composite_ops())
+
+
+def test_ops_without_meta_kernel_trace_with_our_shape_functions(lazy_level):
+    """_logcumsumexp and geqrf have no Meta kernel: their output shapes come
+    from lazy_kernels' shape functions and they are traced as nodes (they
+    were eager fallbacks)."""
+    x, a = torch.randn(3, 5, 4), torch.randn(2, 5, 3)
+    outs = [torch.logcumsumexp(x.to(LAZY), 1), torch.geqrf(a.to(LAZY)), torch.geqrf(a.mT.to(LAZY))]
+    torch._lazy.mark_step()
+    wants = [torch.logcumsumexp(x, 1), torch.geqrf(a), torch.geqrf(a.mT)]
+    for got, want in zip(torch.utils._pytree.tree_leaves(outs), torch.utils._pytree.tree_leaves(wants)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
+    assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
+
+
+def test_custom_ops_with_views_run_functionalized(lazy_level):
+    """A torch.library.custom_op's Python body runs below functionalization on
+    the lazy device: torch's chunked linear_cross_entropy op (views of its
+    inputs) was refused; its body is now traced under functionalization."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    x, w, target = torch.randn(6, 4), torch.randn(5, 4), torch.randint(0, 5, (6,))
+    options = LinearCrossEntropyOptions(batch_chunk_size=2)
+    outs = [F.linear_cross_entropy(x.to(LAZY), w.to(LAZY), target.to(LAZY), reduction=r, options=options)
+            for r in ("mean", "none")]
+    torch._lazy.mark_step()
+    for got, r in zip(outs, ("mean", "none")):
+        torch.testing.assert_close(got.cpu(), F.linear_cross_entropy(x, w, target, reduction=r, options=options))
+    assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
+    assert {"torch_nn::_linear_cross_entropy_batch_chunked",
+            "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction"} <= set(lazy_kernels.composite_ops())

@@ -15,8 +15,9 @@ this order for every functional op whose Lazy entry is the eager fallback:
    (``unsqueeze``, ``permute``) would reach LTC as ``as_strided``, which it
    cannot trace; functionalized, views become the ``*_copy`` ops LTC traces;
 3. the op itself as a TorchScript builtin node in the traced graph
-   (``_C.trace_builtin``, output shapes from the op's meta kernel): aten's
-   own kernel then runs inside the graph;
+   (``_C.trace_builtin``, output shapes from the op's meta kernel, or from
+   ``_SHAPE_FUNCTIONS`` for ops with none: ``_logcumsumexp``, ``geqrf``):
+   aten's own kernel then runs inside the graph;
 4. the eager path, counted in ``lazy_mlir.metrics`` under the op's name and
    the user's source line (an error at O2, see ``syncs``).
 
@@ -44,7 +45,11 @@ under functionalization (views become ``*_copy`` ops), else 3, else 4.
 Costs: ~7 us of Python per call of such an op; the first refused view per op
 and process executes the pending graph (LTC's fallback moves the arguments to
 the CPU before refusing), and is not counted as an eager fallback.
-Kernels sit below autograd: derivatives stay aten's.
+Kernels sit below autograd: derivatives stay aten's. The same holds for
+functional ``torch.library.custom_op`` ops (any namespace; torch's own
+``torch_nn::_linear_cross_entropy_batch_chunked*`` behind
+``linear_cross_entropy(options=...)``): their Python body is their composite
+kernel (``cover_custom_ops``, run by ``install``).
 
 Mutable ops also match ``*_functional`` variants (``_native_batch_norm_legit``:
 its results, then the new running stats) and factory out= variants their
@@ -77,6 +82,7 @@ _COMPOSITE_REFUSED: set[str] = set()  # ... that hit a lazy-device refusal: trac
 _COMPOSITE_AS_NODE: set[str] = set()  # ... that called a mutable op with no functional sibling
 _UNMATCHED: set[str] = set()       # mutable ops with no functional sibling (see _unmatched_mutable_kernel)
 _REPLACED: set[str] = set()        # LTC's own kernels replaced (see LTC_REPLACED)
+_CUSTOM_LIBS: dict[str, torch.library.Library] = {}  # namespace -> our Lazy kernels for its custom ops
 
 
 # --------------------------------------------------------------- hand-written
@@ -349,11 +355,26 @@ def _to_meta(x):
     return x
 
 
+# Output shapes of ops traced as nodes that have no Meta kernel (aten's
+# _logcumsumexp and geqrf have CPU/CUDA kernels only): on meta tensors, here
+# rather than as Meta kernels registered for everyone (fake tensors, export).
+def _geqrf_shapes(self):
+    *batch, m, n = self.shape
+    return torch.empty_like(self), self.new_empty((*batch, min(m, n)))
+
+
+_SHAPE_FUNCTIONS = {
+    "aten::_logcumsumexp": lambda self, dim: torch.empty_like(self),
+    "aten::geqrf": _geqrf_shapes,
+}
+
+
 def trace_builtin(op, args, kwargs):
     """Traces ``op`` as one TorchScript builtin node; raises if it cannot.
     Tensor[] returns come back as lists: the node's outputs are their
     items, unpacked by its lowering."""
-    meta_out = op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+    shapes = _SHAPE_FUNCTIONS.get(_qualified(op), op)
+    meta_out = shapes(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
     single = len(op._schema.returns) == 1
     returns = [meta_out] if single else list(meta_out)
     lists = [isinstance(r.type, torch.ListType) for r in op._schema.returns]
@@ -590,9 +611,11 @@ def _inplace_pointwise_with_python_meta():
 
 
 def install() -> None:
-    """Register all Lazy-key kernels. Idempotent."""
+    """Register all Lazy-key kernels. Idempotent; custom ops defined since the
+    last call are covered (see ``cover_custom_ops``)."""
     global _LIB
     if _LIB is not None:
+        cover_custom_ops()
         return
     _LIB = torch.library.Library("aten", "IMPL")
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
@@ -634,6 +657,44 @@ def install() -> None:
             if op is not None and _composite_candidate(op):
                 _LIB.impl(qualified[len("aten::"):], _composite_kernel(op), "Lazy")
                 _COMPOSITE.add(qualified)
+    cover_custom_ops()
+
+
+def _custom_op_defs() -> list:
+    """The ``torch.library.custom_op`` operators defined so far (torch's own
+    included: ``linear_cross_entropy``'s chunked ops, defined on first use)."""
+    try:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401 - defines torch_nn::_linear_cross_entropy_*
+    except ImportError:
+        pass
+    from torch._library import custom_ops
+    return list(getattr(custom_ops, "OPDEFS", {}).values())
+
+
+def cover_custom_ops() -> list[str]:
+    """A functional ``torch.library.custom_op`` op has one kernel for every
+    backend, its Python body (CompositeExplicitAutograd); on the lazy device
+    it runs below functionalization, where the views it calls are refused.
+    Each such op without a Lazy kernel of its own gets the composite-kernel
+    treatment of aten's (``_composite_kernel``): on the first refusal its body
+    is re-run under functionalization, else traced as a node, else run
+    eagerly. Called by ``install`` (hence ``lazy_mlir.init``); a custom op
+    defined later is covered by calling it again. Returns the ops covered now."""
+    covered = []
+    for opdef in _custom_op_defs():
+        op = getattr(opdef, "_opoverload", None)
+        if not isinstance(op, torch._ops.OpOverload):
+            continue
+        qualified = _qualified(op)
+        if qualified in _COMPOSITE or not _runs_composite_on_lazy(qualified) or not _composite_candidate(op):
+            continue
+        namespace, _, name = qualified.partition("::")
+        if namespace not in _CUSTOM_LIBS:
+            _CUSTOM_LIBS[namespace] = torch.library.Library(namespace, "IMPL")
+        _CUSTOM_LIBS[namespace].impl(name, _composite_kernel(op), "Lazy")
+        _COMPOSITE.add(qualified)
+        covered.append(qualified)
+    return covered
 
 
 # ------------------------------------------------ LTC's own kernels, replaced
