@@ -20,7 +20,7 @@ algorithm (``lowering/fused_optimizer.py``): run eagerly at O0, expanded
 into per-tensor aten ops by the TS -> FX conversion when compiled, which
 Inductor fuses into one kernel per parameter. Its per-step scalars are
 computed here, in Python doubles as Adam does, and enter as one 3-element
-input per distinct step count. (Not aten's ``_fused_adamw``: it computes
+input per parameter. (Not aten's ``_fused_adamw``: it computes
 them from the step count inside the op, and Inductor then recomputed the
 ``pow`` in every parameter's loop.)
 
@@ -140,15 +140,17 @@ def _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_ste
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
     beta1, beta2, weight_decay, eps = float(beta1), float(beta2), float(weight_decay), float(eps)
     # Adam's per-step scalars, computed as it does (Python doubles), one
-    # 3-element input per distinct step count (one for all, usually): an
-    # input, so a new step or learning rate needs no new graph.
-    on_device = {}
-    scalars = []
+    # 3-element input per parameter: an input, so a new step or learning
+    # rate needs no new graph; one each, not one per step count, so that
+    # Inductor does not fuse the parameters' updates together (see
+    # lowering/fused_optimizer.py). 52 small transfers for GPT-mini: ~0.5 ms.
+    per_count = {}
+    rows = []
     for count in torch.stack(state_steps).tolist():
-        if count not in on_device:
-            values = step_scalars(count, lr, weight_decay, beta1, beta2)
-            on_device[count] = torch.tensor(values, dtype=torch.float64).to(device)
-        scalars.append(on_device[count])
+        if count not in per_count:
+            per_count[count] = step_scalars(count, lr, weight_decay, beta1, beta2)
+        rows.append(per_count[count])
+    scalars = [row.to(device) for row in torch.tensor(rows, dtype=torch.float64).unbind(0)]
 
     lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
     values = _C.functional_values([t for ts in lists for t in ts] + scalars)

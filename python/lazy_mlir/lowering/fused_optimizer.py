@@ -16,6 +16,21 @@ is a float64 tensor ``[1 - lr * weight_decay, bias_correction2 ** 0.5,
 where Adam passes a Python scalar. (Computed in the graph from the step
 count instead, as aten's ``_fused_adamw`` does, Inductor inlined the
 ``pow`` into every parameter's loop.)
+
+One such tensor per parameter, each its own graph input, not one shared
+by all parameters with the same step count (as this was first): Inductor
+fuses two kernels neither of which depends on the other ("horizontal") when
+they read at least ``score_fusion_memory_threshold`` (10) bytes in common,
+and with the shared tensor every pair of updates did (3 float64 reads, 24
+bytes). So it merged updates of different layers into later kernels of the
+backward, away from the matrix product that had just computed each
+gradient (then in cache), and GPT-mini's generated code ran slower than the
+op-by-op trace's (whose per-step scalars are 0-d inputs, 8 bytes, under the
+threshold). With an input each the updates share no reads, and their
+kernels are scheduled as the op-by-op trace's are. (Rows of one tensor
+would do that too, but each row's offset is then a constant in the code,
+and kernels that layers shared became one per layer: 39 instead of 26 to
+compile for GPT-mini.)
 """
 from __future__ import annotations
 
@@ -48,22 +63,15 @@ def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
     """The op's results (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs after
     the step). ``emit(target, *args, **kwargs)`` runs or records one aten
     call; ``dtype_of`` gives a value's dtype; ``place(i)`` (a context) is
-    where parameter ``i``'s update is recorded, ``place(None)`` the scalars'."""
-    casts = {}
+    where parameter ``i``'s update is recorded."""
 
     def scalar(i, which):  # Adam's Python scalar, as the parameter's (op math) dtype
         dtype = dtype_of(params[i])
-        key = (scalars[i], which, torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
-        if key not in casts:
-            with place(None):
-                casts[key] = emit(aten._to_copy.default, emit(aten.select.int, scalars[i], 0, which), dtype=key[2])
-        return casts[key]
+        return emit(aten._to_copy.default, emit(aten.select.int, scalars[i], 0, which),
+                    dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
 
     new_params, new_exp_avgs, new_exp_avg_sqs, new_max = [], [], [], []
     for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
-        for which in ((DECAY,) if decoupled_weight_decay and weight_decay != 0 else ()) + (
-                BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE):
-            scalar(i, which)
         with place(i):
             _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scalar, beta1, beta2,
                         weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
@@ -109,13 +117,11 @@ def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars = args[:6]
 
     def place(i):
-        if i is None:  # scalars read the inputs only: before every update
-            return graph.inserting_before(first_op) if first_op is not None else contextlib.nullcontext()
         inputs = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[i]]
         inputs += [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []
         latest = max(inputs, key=lambda node: order.get(node, -1))
-        if latest.op == "placeholder":
-            return place(None)
+        if latest.op == "placeholder":  # reads the inputs only: before every other op
+            return graph.inserting_before(first_op) if first_op is not None else contextlib.nullcontext()
         return graph.inserting_before(latest.next)  # (inserting_after would put each new node first)
 
     return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=place)
