@@ -1,5 +1,6 @@
 """Shape-generic groups: a group seen at a second size compiles once with
 symbolic sizes and serves later sizes; every serve is checked."""
+import dataclasses
 import os
 import pickle
 import sys
@@ -194,3 +195,61 @@ def test_a_failed_generic_compile_falls_back_to_the_static_form(fresh, monkeypat
         steps = _run_both([(2, 8), (2, 8), (2, 12)], width=20)
     assert steps[2]["generic_failed"] == 1 and steps[2]["generic_compiles"] == 0
     assert steps[2]["group_cache_misses"] == 1  # compiled static; _run_both checked eager numerics
+
+
+def _cross_entropies(n_small, n_large):
+    """K-dim cross entropy (nll_loss2d) 'mean' and 'sum' at two batch sizes,
+    lazily (one step each) and eagerly; the generic metrics of each step."""
+    results = []
+    for reduction, n in [("mean", n_small), ("mean", n_large), ("sum", n_small), ("sum", n_large)]:
+        g = torch.Generator().manual_seed(n)
+        logits, target = torch.randn(n, 11, 5, generator=g), torch.randint(0, 11, (n, 5), generator=g)
+        metrics.reset()
+        got = torch.nn.functional.cross_entropy(logits.to(LAZY), target.to(LAZY), reduction=reduction)
+        torch._lazy.mark_step()
+        want = torch.nn.functional.cross_entropy(logits, target, reduction=reduction)
+        torch.testing.assert_close(got.cpu(), want, msg=f"reduction={reduction}, batch {n}")
+        results.append(metrics.snapshot())
+    return results
+
+
+def test_generic_variants_at_the_same_sizes_keep_their_own_code_on_disk(lazy_level, tmp_path):
+    # nll_loss's reduction (mean 1, sum 2) is an int constant, left out of the
+    # family like the sizes: 'mean' at batch 26 compiles a variant that keeps
+    # it, 'sum' at 26 (after 'mean' at 13) one that explains it as batch//13.
+    # Both were compiled at the same sizes; stored under one entry, the next
+    # process's 'mean' rewrote it and its 'sum' then ran the 'mean' code.
+    options = dict(cache_dir=str(tmp_path), dynamic="auto", progress=False)
+    lazy_mlir.init("O1", **options)
+    cold = _cross_entropies(13, 26)
+    assert [s["generic_compiles"] for s in cold] == [0, 1, 0, 1], cold
+    for _ in range(2):  # the next process, and the one after it (each rewrote what the last stored)
+        _as_a_new_process()
+        marker = "aten::lazy_mlir_test_generic_disk_keys"
+        lazy_mlir.compilable.deny(marker)  # a new classification generation: LTC hands its graphs over again
+        lazy_mlir.compilable.DENIED.discard(marker)
+        lazy_mlir.init("O1", **options)
+        warm = _cross_entropies(13, 26)
+        assert [s["generic_hits"] for s in warm] == [0, 1, 0, 1], warm  # each from its own stored code
+        assert all(s["generic_compiles"] == 0 for s in warm), warm
+
+
+def test_a_stored_variant_is_named_by_all_it_holds(tmp_path):
+    # an index entry listing a variant under another key (an older lazy_mlir
+    # named it by its sizes alone) is not served: the code there may be another's
+    cfg = lazy_mlir.config.Config(cache_dir=str(tmp_path))
+    variant = shape_generic.GenericGroup(None, [(6, 4)], [(4, 1)], {(0, 0)}, [SizeExpr(((0, 0),), divisor=3)], {},
+                                         None, [])
+    other = dataclasses.replace(variant, template=[2])
+    shape_generic._store("family-x", variant, {"graph": b""}, cfg)
+    shape_generic._store("family-x", other, {"graph": b""}, cfg)
+    assert variant.disk_key != other.disk_key
+    disk = compile_cache.disk_of(cfg)
+    index = compile_cache.read_entry(disk, shape_generic._index_key("family-x"))
+    assert [v["disk_key"] for v in index["variants"]] == [variant.disk_key, other.disk_key]
+    index["variants"][0]["disk_key"] = other.disk_key  # listed under the other's entry
+    disk.write(index["key"], pickle.dumps(index))
+    shape_generic.clear()
+    shape_generic._read_stored("family-x", cfg)
+    assert [v.template for v in shape_generic._generic["family-x"]] == [[2]]
+    shape_generic.clear()

@@ -230,14 +230,28 @@ def _index_key(family: str) -> str:
     return hashlib.sha256(f"generic|{family}".encode()).hexdigest()
 
 
+def _variant_disk_key(family: str, fields: dict) -> str:
+    """The entry of a variant's artefacts: named by every stored field that
+    ``admits`` reads or the code depends on, not only the sizes it was
+    compiled at. Two variants of one family compiled at the same sizes differ
+    in a constant (``nll_loss``'s reduction, an int like the sizes, which the
+    family leaves out: one variant keeps it, the other explains it by a size)
+    and must not share an entry: one would load the other's code."""
+    described = {name: (sorted(value) if isinstance(value, set) else
+                        sorted(value.items()) if isinstance(value, dict) else value)
+                 for name, value in sorted(fields.items()) if name != "disk_key"}
+    return hashlib.sha256(f"generic|{family}|{described!r}".encode()).hexdigest()
+
+
 def _store(family: str, variant: GenericGroup, artifacts: dict | None, cfg: config.Config) -> None:
     disk = compile_cache.disk_of(cfg)
     if disk is None or artifacts is None:
         return
-    variant.disk_key = hashlib.sha256(f"generic|{family}|{variant.shapes!r}".encode()).hexdigest()
+    variant.disk_key = _variant_disk_key(family, {f: getattr(variant, f) for f in _STORED_FIELDS})
     index_key = _index_key(family)
     index = compile_cache.read_entry(disk, index_key) or {"key": index_key, "variants": []}
-    index["variants"] = [v for v in index["variants"] if v["disk_key"] != variant.disk_key]
+    index["variants"] = [v for v in index["variants"] if v["disk_key"] != variant.disk_key
+                         and v["disk_key"] == _variant_disk_key(family, v)]  # older entries: see _read_stored
     index["variants"].append({f: getattr(variant, f) for f in _STORED_FIELDS})
     try:
         disk.write(variant.disk_key, pickle.dumps({"key": variant.disk_key, "artifacts": artifacts}))
@@ -258,9 +272,12 @@ def _read_stored(family: str, cfg: config.Config) -> None:
         return
     known = {v.disk_key for v in _generic.get(family, ())}
     try:
+        # a variant listed under another key than its fields name (written by
+        # an older lazy_mlir, which named it by its sizes alone) may find
+        # another variant's code there: it is compiled again instead
         stored = [GenericGroup(lowered=None, **fields) for fields in index["variants"]
-                  if fields["disk_key"] not in known]
-    except (KeyError, TypeError) as exc:
+                  if fields["disk_key"] not in known and fields["disk_key"] == _variant_disk_key(family, fields)]
+    except (KeyError, TypeError, AttributeError) as exc:
         disk.discard(_index_key(family), f"unreadable index of shape-generic variants: {exc}")
         return
     _generic.setdefault(family, []).extend(stored)
