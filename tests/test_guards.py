@@ -149,3 +149,28 @@ def test_steady_state_steps_check_baked_scalars_without_reading_them(lazy_level,
     assert reads.calls >= 1
     s = metrics.snapshot()
     assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 5
+
+
+def test_a_baked_zero_keeps_its_sign(lazy_level, lowerings):
+    """leaky_relu's slope is baked into the code (guarded): -0.0 == 0.0 in
+    Python, yet the code differs (1 / (x * -0.0) is +inf for x < 0, 1 / (x * 0.0)
+    -inf). A guard that compared with == served the 0.0 code for -0.0."""
+    import torch.nn.functional as F
+
+    x = -torch.arange(1.0, 44.0).reshape(1, 43)  # a shape of this test's own
+
+    def inverse(t, slope):
+        return 1 / F.leaky_relu(t, slope)
+
+    for slope in (0.0, -0.0, 0.0, -0.0, float("nan"), float("nan")):
+        got = inverse(x.to(LAZY), slope)
+        torch._lazy.mark_step()
+        torch.testing.assert_close(got.cpu(), inverse(x, slope), equal_nan=True, msg=f"slope {slope!r}")
+    assert len(lowerings) == 3, lowerings  # 0.0, -0.0 and NaN: each compiled once, then served
+    assert metrics.snapshot()["groups_fallen_back"] == {}
+
+
+def test_scalar_guards_tell_the_sign_of_zero_and_know_nan():
+    zero, nan = executables.ScalarGuards([(0, 0.0)]), executables.ScalarGuards([(0, float("nan"))])
+    assert zero.hold([torch.tensor(0.0)]) and not zero.hold([torch.tensor(-0.0)])
+    assert nan.hold([torch.tensor(float("nan"))]) and not nan.hold([torch.tensor(1.0)])

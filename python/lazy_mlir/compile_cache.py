@@ -16,6 +16,7 @@ whose checksum fails.
 from __future__ import annotations
 
 import hashlib
+import math
 import pickle
 import warnings
 
@@ -35,6 +36,17 @@ def disk_of(cfg: config.Config) -> DiskCache | None:
     return DiskCache(cfg.cache_dir, cfg.cache_max_mb << 20)
 
 
+def same_scalar(value, baked) -> bool:
+    """Whether a scalar input holds the value baked into a group's code:
+    ``==`` but for floats, where -0.0 is not 0.0 (``1 / leaky_relu(x, -0.0)``
+    is +inf where 0.0 gives -inf) and NaN is NaN (else never served)."""
+    if isinstance(value, float) and isinstance(baked, float):
+        if math.isnan(value) or math.isnan(baked):
+            return math.isnan(value) and math.isnan(baked)
+        return value == baked and math.copysign(1.0, value) == math.copysign(1.0, baked)
+    return value == baked
+
+
 def _variant_key(key: str, values: tuple) -> str:
     return hashlib.sha256(f"{key}|{values!r}".encode()).hexdigest()
 
@@ -47,7 +59,7 @@ def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) 
     """A variant whose guards hold for ``inputs``: from memory, else from disk
     (counted as "hit", "disk_hit"); None (a "miss") when it must be compiled."""
     for lowered in _entries.get(key, ()):
-        if all(inputs[i].item() == v for i, v in lowered.guards):
+        if all(same_scalar(inputs[i].item(), v) for i, v in lowered.guards):
             metrics.count_cache("hit")
             return lowered
     disk = disk_of(cfg)

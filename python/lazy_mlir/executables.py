@@ -106,7 +106,7 @@ class ScalarGuards:
             t, known = inputs[i], self.known.get(k)
             if known is not None and known[0].data_ptr() == t.data_ptr() and known[1] == t._version:
                 continue
-            if t.item() != value:
+            if not compile_cache.same_scalar(t.item(), value):
                 return False
             self.known[k] = (t, t._version)
         return True

@@ -153,7 +153,7 @@ class GenericGroup:
                 return False
         if any(inputs[i].item() != e.value(shapes) for i, e in self.scalar_exprs.items()):
             return False
-        if any(inputs[i].item() != v for i, v in self.guards):
+        if not all(compile_cache.same_scalar(inputs[i].item(), v) for i, v in self.guards):
             return False  # a scalar baked into the code
         return self.guard_code is None or _GUARDS.evaluate_guards_expression(self.guard_code, inputs)
 
