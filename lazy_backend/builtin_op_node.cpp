@@ -140,6 +140,12 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
       std::ostringstream repr;
       repr << a.constant;
       hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=" + repr.str()));
+      // Doubles by their bits too: -0.0 prints as 0.0 (hardtanh(x, -0.0, 5)
+      // then ran the 0.0 graph), and printing rounds.
+      if (a.constant.isDouble()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(a.constant.toDouble()));
+      if (a.constant.isDoubleList()) {
+        for (double item : a.constant.toDoubleVector()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(item));
+      }
     }
     arguments.push_back(std::move(a));
   }

@@ -174,3 +174,20 @@ def test_scalar_guards_tell_the_sign_of_zero_and_know_nan():
     zero, nan = executables.ScalarGuards([(0, 0.0)]), executables.ScalarGuards([(0, float("nan"))])
     assert zero.hold([torch.tensor(0.0)]) and not zero.hold([torch.tensor(-0.0)])
     assert nan.hold([torch.tensor(float("nan"))]) and not nan.hold([torch.tensor(1.0)])
+
+
+def test_a_builtin_op_constant_keeps_its_sign(lazy_level):
+    """Ops traced as builtin nodes (hardtanh) hash their constants into the
+    LTC graph hash: -0.0 printed as 0.0, so hardtanh(x, -0.0, 5) hashed like
+    hardtanh(x, 0.0, 5) and LTC served the 0.0 graph (+inf for -inf)."""
+    import torch.nn.functional as F
+
+    x = -torch.arange(1.0, 48.0).reshape(1, 47)  # a shape of this test's own
+
+    def inverse(t, low):
+        return 1 / F.hardtanh(t, low, 5.0)
+
+    for low in (0.0, -0.0, 0.0, -0.0):
+        got = inverse(x.to(LAZY), low)
+        torch._lazy.mark_step()
+        torch.testing.assert_close(got.cpu(), inverse(x, low), msg=f"min_val {low!r}")
