@@ -1,5 +1,7 @@
 #include "builtin_op_node.h"
 
+#include "ir_reuse.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/lazy/core/ir_builder.h>
@@ -15,8 +17,22 @@ BuiltinOpNode::BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands,
                              std::vector<torch::lazy::Shape>&& shapes, std::vector<Argument> arguments,
                              std::vector<int64_t> list_sizes, torch::lazy::hash_t hash)
     : TsNode(torch::lazy::OpKind(op), operands, std::move(shapes), /*num_outputs=*/shapes.size(), hash),
+      seed_(hash),
       arguments_(std::move(arguments)),
       list_sizes_(std::move(list_sizes)) {}
+
+bool BuiltinOpNode::CanBeReused(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
+                                const std::vector<torch::lazy::Shape>& shapes, const std::vector<int64_t>& list_sizes,
+                                torch::lazy::hash_t hash) const {
+  if (this->op().op != op || seed_ != hash || list_sizes_ != list_sizes || !this->shapes().equals(shapes) ||
+      this->operands().size() != operands.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (this->operands()[i].node != operands[i].node.get() || this->operands()[i].index != operands[i].index) return false;
+  }
+  return true;  // the constants are in the seed
+}
 
 torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                              torch::lazy::TSLoweringContext* loctx) const {
@@ -160,8 +176,15 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
     TORCH_CHECK(flat == static_cast<int64_t>(num_outputs), "lazy_mlir: ", qualified_name, ": list sizes give ",
                 flat, " outputs, got ", num_outputs, " shapes");
   }
-  auto node = torch::lazy::MakeNode<BuiltinOpNode>(c10::Symbol::fromQualString(qualified_name), operand_values,
-                                                   std::move(shapes), std::move(arguments), list_sizes, hash);
+  const c10::Symbol op = c10::Symbol::fromQualString(qualified_name);
+  torch::lazy::NodePtr node = reuseFromTrie<BuiltinOpNode>([&](const BuiltinOpNode& candidate) {
+    return candidate.CanBeReused(op, operand_values, shapes, list_sizes, hash);
+  });
+  if (node == nullptr) {
+    node = torch::lazy::MakeNode<BuiltinOpNode>(op, operand_values, std::move(shapes), std::move(arguments),
+                                                list_sizes, hash);
+    torch::lazy::CacheNode(node);
+  }
   std::vector<at::Tensor> results;
   for (size_t i = 0; i < num_outputs; ++i) {
     results.push_back(torch::lazy::CreateAtenFromLtcTensor(

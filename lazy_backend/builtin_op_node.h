@@ -34,12 +34,19 @@ class BuiltinOpNode : public torch::lazy::TsNode {
   BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands, std::vector<torch::lazy::Shape>&& shapes,
                 std::vector<Argument> arguments, std::vector<int64_t> list_sizes, torch::lazy::hash_t hash);
 
+  // For IR reuse (ir_reuse.h): the same op, constants and output shapes, on
+  // the very same operand nodes (not merely equal hashes).
+  bool CanBeReused(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
+                   const std::vector<torch::lazy::Shape>& shapes, const std::vector<int64_t>& list_sizes,
+                   torch::lazy::hash_t hash) const;
+
   torch::lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                 torch::lazy::TSLoweringContext* loctx) const override;
 
   std::string ToString() const override;
 
  private:
+  torch::lazy::hash_t seed_;  // the op and its constants
   std::vector<Argument> arguments_;
   std::vector<int64_t> list_sizes_;
 };

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "compiled_computation.h"
+#include "ir_reuse.h"
 
 namespace lazy_mlir {
 
@@ -36,7 +37,7 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
   void InitializeAtenBindings() const override { ts_->InitializeAtenBindings(); }
   void PrepareToExit() const override { ts_->PrepareToExit(); }
   void SetRngSeed(size_t seed) const override { ts_->SetRngSeed(seed); }
-  const torch::lazy::IrBuilder* GetIrBuilder() const override { return ts_->GetIrBuilder(); }
+  const torch::lazy::IrBuilder* GetIrBuilder() const override { return irReuseBuilder(ts_->GetIrBuilder()); }
   torch::lazy::BackendDataPtr MakeComputationDataFromTensor(
       const at::Tensor& tensor, const torch::lazy::Shape& shape,
       const torch::lazy::BackendDevice& device) const override {

@@ -11,6 +11,7 @@
 #include "../runtime/run_stats.h"
 #include "builtin_op_node.h"
 #include "draw_order.h"
+#include "ir_reuse.h"
 #include "functional_update.h"
 #include "graph_clusterer.h"
 #include "meta_kernels.h"
@@ -76,6 +77,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_random_ops", &lazy_mlir::setRandomOps,
         "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
+  m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
+  m.def("ir_reuse_stats", &lazy_mlir::irReuseStats);
+  m.def("ir_reuse_step_boundary", &lazy_mlir::irReuseStepBoundary);
   // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
   m.def("functional_bases", &lazy_mlir::functionalBases);

@@ -99,4 +99,6 @@ int64_t traceOrder(const torch::lazy::Node* node) {
   return std::stoll(frames.back().function);
 }
 
+int64_t nodesBuilt() { return g_next_trace_order.load(); }
+
 }  // namespace lazy_mlir

@@ -29,4 +29,8 @@ const torch::lazy::SourceLocation* userFrame(const torch::lazy::Node* node);
 // (traced before installSourceLocations, or with IR-debug mode off).
 int64_t traceOrder(const torch::lazy::Node* node);
 
+// How many IR nodes were built so far (every node built gets a trace order;
+// a node reused from an earlier step is not built again).
+int64_t nodesBuilt();
+
 }  // namespace lazy_mlir

@@ -57,6 +57,7 @@ def init(level: str = "O1", **options) -> config.Config:
                       "not checked for its parameter binding (see README, \"A cached graph runs with the current "
                       "graph's parameter binding\")", RuntimeWarning, stacklevel=2)
     _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
+    _C.set_ir_reuse(cfg.reuse_ir)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg
 

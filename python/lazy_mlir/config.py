@@ -33,6 +33,9 @@ class Config:
     progress: bool = True
     # Run LTC's graph executions on its IO thread pool (FLAGS_torch_lazy_use_thread_pool).
     ltc_thread_pool: bool = False
+    # Reuse last step's IR nodes when a step traces the same op sequence
+    # (FLAGS_torch_lazy_reuse_ir): skips shape inference and node creation.
+    reuse_ir: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_REUSE_IR", False))
     # At O2, an op that would run eagerly is an "error" naming the op and the
     # source line, or only a "warn"ing (the op then runs on the CPU).
     o2_fallback: str = "error"
@@ -76,7 +79,7 @@ class Config:
     log: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_LOG", ""))
 
     # Fields that do not change compiled code (so not part of key()).
-    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
+    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "auto_prepare", "fuse_optimizer")
 
     def key(self) -> str:

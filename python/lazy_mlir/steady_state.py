@@ -79,6 +79,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
         with metrics.setup_graph():
             _sync_settled(params + _C.functional_bases(params) + buffers)
         _C.share_base_buffers(params)
+        _C.ir_reuse_step_boundary()  # the step then traces (and hashes) as every later one
     finally:
         settling = False
 

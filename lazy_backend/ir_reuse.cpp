@@ -1,0 +1,250 @@
+#include "ir_reuse.h"
+
+#include "source_locations.h"
+
+#include <torch/csrc/lazy/core/config.h>
+#include <torch/csrc/lazy/core/lazy_graph_executor.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/core/trie.h>
+#include <torch/csrc/lazy/ts_backend/ops/device_data.h>
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+namespace lazy_mlir {
+namespace {
+
+// Successors kept per trie node: the path this step took and one other (a
+// loop alternating two op sequences, e.g. a validation step every N steps).
+constexpr size_t kKeptBranches = 2;
+
+// Counters for irReuseStats (tests, benchmarks).
+std::atomic<int64_t> g_trie_nodes{0};
+std::atomic<int64_t> g_pruned{0};
+std::atomic<int64_t> g_buffers_released{0};
+std::atomic<int64_t> g_cached_values_dropped{0};
+std::atomic<int64_t> g_cleanups_skipped{0};
+std::atomic<int64_t> g_live_tensors{0};
+std::atomic<int64_t> g_drop_ns{0};
+std::atomic<int64_t> g_clean_ns{0};
+
+// State of the tracing thread (LTC's trie is thread-local too).
+int64_t g_device_data_ordinal = 0;  // device-data nodes handed out since the last step boundary
+std::vector<std::weak_ptr<torch::lazy::Node>> g_data_nodes;  // the device-data nodes this builder made
+int64_t g_trie_nodes_created = 0;  // trieNodesCreated() at the last walk
+int64_t g_probes = 0;               // TrieNodes made by trieNodesCreated() itself
+
+// A device-data node whose hash includes its ordinal in the step (3.).
+class OrdinalDeviceData : public torch::lazy::DeviceData {
+ public:
+  OrdinalDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data, int64_t ordinal)
+      : DeviceData(data),
+        ordinal_(ordinal),
+        hash_(torch::lazy::HashCombine(DeviceData::hash(), torch::lazy::Hash(ordinal))),
+        shape_hash_(torch::lazy::HashCombine(DeviceData::shapeHash(), torch::lazy::Hash(ordinal))) {}
+
+  bool CanBeReused(const std::shared_ptr<torch::lazy::BackendData>& data, int64_t ordinal) const {
+    return ordinal == ordinal_ && DeviceData::CanBeReused(data);
+  }
+  torch::lazy::hash_t hash() const override { return hash_; }
+  torch::lazy::hash_t shapeHash() const override { return shape_hash_; }
+
+ private:
+  int64_t ordinal_;
+  torch::lazy::hash_t hash_;
+  torch::lazy::hash_t shape_hash_;
+};
+
+// TorchScript's builder (delegated to: its node types are not exported to
+// subclass it) with MakeDeviceData replaced.
+struct ReusingIrBuilder : torch::lazy::IrBuilder {
+  const torch::lazy::IrBuilder* ts = nullptr;
+
+  torch::lazy::NodePtr MakeDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data) const override {
+    if (!FLAGS_torch_lazy_reuse_ir) return ts->MakeDeviceData(data);
+    const int64_t ordinal = g_device_data_ordinal++;
+    torch::lazy::NodePtr node = torch::lazy::ReuseNode<OrdinalDeviceData>(data, ordinal);
+    if (node == nullptr) {
+      node = torch::lazy::MakeNode<OrdinalDeviceData>(data, ordinal);
+      torch::lazy::CacheNode(node);
+      g_data_nodes.push_back(node);
+      return node;
+    }
+    // A reused node still holds the data of the step it last served.
+    const_cast<OrdinalDeviceData*>(torch::lazy::NodeCast<OrdinalDeviceData>(node.get()))->SetData(data);
+    return node;
+  }
+  torch::lazy::NodePtr MakeScalar(const at::Scalar& value, const at::ScalarType& type) const override {
+    return ts->MakeScalar(value, type);
+  }
+  torch::lazy::NodePtr MakeExpand(const torch::lazy::Value& input0, const std::vector<int64_t>& size,
+                                  const bool& is_scalar_expand) const override {
+    return ts->MakeExpand(input0, size, is_scalar_expand);
+  }
+  torch::lazy::NodePtr MakeCast(const torch::lazy::Value& input0, const at::ScalarType& dtype,
+                                const std::optional<at::ScalarType>& stype) const override {
+    return ts->MakeCast(input0, dtype, stype);
+  }
+  torch::lazy::NodePtr MakeTensorList(const torch::lazy::OpList& inputs) const override {
+    return ts->MakeTensorList(inputs);
+  }
+  torch::lazy::NodePtr MakeGeneric(const torch::lazy::OpKind& op, const torch::lazy::OpList& operands,
+                                   const torch::lazy::Shape& shape, const size_t& num_outputs,
+                                   const torch::lazy::hash_t& hash_seed) const override {
+    return ts->MakeGeneric(op, operands, shape, num_outputs, hash_seed);
+  }
+  torch::lazy::NodePtr MakeSizeNode(const torch::lazy::Value& input, size_t dim) const override {
+    return ts->MakeSizeNode(input, dim);
+  }
+  torch::lazy::NodePtr MakeSizeAdd(const torch::lazy::Value& a, const torch::lazy::Value& b) const override {
+    return ts->MakeSizeAdd(a, b);
+  }
+  torch::lazy::NodePtr MakeSizeMul(const torch::lazy::Value& a, const torch::lazy::Value& b) const override {
+    return ts->MakeSizeMul(a, b);
+  }
+  torch::lazy::NodePtr MakeSizeDiv(const torch::lazy::Value& a, const torch::lazy::Value& b) const override {
+    return ts->MakeSizeDiv(a, b);
+  }
+};
+
+// Trie nodes created so far on this thread (each takes the next id of a
+// counter that only the trie's node constructor reads; this probe takes one).
+int64_t trieNodesCreated() {
+  torch::lazy::TrieNode probe;
+  return static_cast<int64_t>(probe.unique_id) - g_probes++;
+}
+
+// Drops device-data IR values cached on tensors that hold their data (1.).
+// False when a live tensor still holds an IR value without data after the
+// step's sync: its graph may read trie nodes, and nothing is touched.
+bool dropCachedDeviceData(const torch::lazy::BackendDevice& device) {
+  auto live = torch::lazy::LazyGraphExecutor::Get()->GetLiveTensors(&device);
+  g_live_tensors = static_cast<int64_t>(live.size());
+  for (const auto& tensor : live) {
+    if (tensor->CurrentIrValue() && tensor->CurrentDataHandle() == nullptr) return false;
+  }
+  for (const auto& tensor : live) {
+    if (tensor->CurrentIrValue()) {
+      tensor->AssignIrValue(torch::lazy::Value());
+      g_cached_values_dropped++;
+    }
+  }
+  return true;
+}
+
+// Swaps the data of a device-data node for a placeholder of its shape when
+// nothing else holds it (the node belongs to the trie alone after
+// dropCachedDeviceData); a reuse puts new data in its place.
+bool releaseData(const torch::lazy::DeviceData* node) {
+  const auto& data = node->data();
+  if (!data || data.use_count() != 1 || !data->HasValue()) return false;
+  const_cast<torch::lazy::DeviceData*>(node)->SetData(
+      std::make_shared<torch::lazy::TSData>(data->shape(), data->device()));
+  g_buffers_released++;
+  return true;
+}
+
+// After every step: the buffers of the step's inputs that only the trie's
+// device-data nodes still hold (the tensors hold the step's outputs now).
+void releaseTrieData() {
+  size_t kept = 0;
+  for (auto& weak : g_data_nodes) {
+    torch::lazy::NodePtr node = weak.lock();
+    if (node == nullptr) continue;  // pruned with its branch
+    releaseData(torch::lazy::DeviceData::Cast(node.get()));
+    g_data_nodes[kept++] = weak;
+  }
+  g_data_nodes.resize(kept);
+}
+
+// Prunes branches (3.) and releases buffers only the trie holds (2.); returns
+// the number of nodes. Iterative: the trie is a chain as long as a step.
+int64_t cleanTrie(torch::lazy::TrieNode* root) {
+  int64_t count = 0;
+  std::vector<torch::lazy::TrieNode*> pending{root};
+  while (!pending.empty()) {
+    torch::lazy::TrieNode* node = pending.back();
+    pending.pop_back();
+    count++;
+    if (node->successors.size() > kKeptBranches) {
+      g_pruned += static_cast<int64_t>(node->successors.size() - kKeptBranches);
+      node->successors.resize(kKeptBranches);  // the front ones are the most recently used
+    }
+    const auto* data_node = node->ir_node ? torch::lazy::DeviceData::Cast(node->ir_node.get()) : nullptr;
+    if (data_node != nullptr) releaseData(data_node);
+    for (auto& successor : node->successors) pending.push_back(successor.get());
+  }
+  return count - 1;  // the root holds no node
+}
+
+// What a step boundary does for reuse: no tensor keeps a device-data node
+// cached (1.), the next step's device data count from 0 (3.) and its trace
+// starts at the trie's root. False when a live tensor still holds a pending
+// computation (then nothing was changed but the cursor and the count).
+bool stepBoundary(const torch::lazy::BackendDevice& device) {
+  torch::lazy::TrieCache::Get()->ResetCurrent();
+  g_device_data_ordinal = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  bool dropped = dropCachedDeviceData(device);
+  g_drop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  if (!dropped) g_cleanups_skipped++;
+  return dropped;
+}
+
+class ReusingGraphExecutor : public torch::lazy::LazyGraphExecutor {
+ public:
+  void MarkStep(const torch::lazy::BackendDevice& device) override {
+    torch::lazy::LazyGraphExecutor::MarkStep(device);
+    if (!FLAGS_torch_lazy_reuse_ir || !stepBoundary(device)) return;
+    // Walk the trie only after a step that added to it (a fork): otherwise
+    // there is nothing to prune, and the device-data nodes are on a list.
+    const int64_t inserted = trieNodesCreated() - g_trie_nodes_created;
+    g_trie_nodes_created += inserted;
+    if (inserted == 0) {
+      releaseTrieData();
+      return;
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    g_trie_nodes = cleanTrie(torch::lazy::TrieCache::Get()->Current());
+    g_clean_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t1).count();
+  }
+};
+
+}  // namespace
+
+void setIrReuse(bool on) {
+  static ReusingGraphExecutor* executor = [] {
+    auto* created = new ReusingGraphExecutor();
+    torch::lazy::LazyGraphExecutor::Register(created);
+    return created;
+  }();
+  (void)executor;
+  FLAGS_torch_lazy_reuse_ir = on;
+  if (!on) torch::lazy::TrieCache::Get()->Clear();
+}
+
+const torch::lazy::IrBuilder* irReuseBuilder(const torch::lazy::IrBuilder* ts) {
+  static ReusingIrBuilder builder;
+  builder.ts = ts;
+  return &builder;
+}
+
+void irReuseStepBoundary() {
+  if (FLAGS_torch_lazy_reuse_ir) stepBoundary(torch::lazy::BackendDevice());
+}
+
+std::unordered_map<std::string, int64_t> irReuseStats() {
+  return {{"nodes_built", nodesBuilt()},
+          {"live_tensors", g_live_tensors.load()},
+          {"trie_nodes", g_trie_nodes.load()},
+          {"branches_pruned", g_pruned.load()},
+          {"buffers_released", g_buffers_released.load()},
+          {"cached_values_dropped", g_cached_values_dropped.load()},
+          {"cleanups_skipped", g_cleanups_skipped.load()},
+          {"drop_ns", g_drop_ns.load()}, {"clean_ns", g_clean_ns.load()}};
+}
+
+}  // namespace lazy_mlir
