@@ -34,9 +34,12 @@ def _train(device, steps=5):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, built = [], []
     for step in range(steps):
-        x = torch.randn(6, 11, generator=torch.Generator().manual_seed(step)).to(device)
+        g = torch.Generator().manual_seed(step)
+        x, labels = torch.randn(6, 11, generator=g).to(device), torch.randint(0, 5, (6,), generator=g).to(device)
         before = _C.ir_reuse_stats()["nodes_built"]
-        loss = model(x).square().mean()
+        # cross-entropy: its backward starts with nll_loss_backward (weight=None),
+        # which LTC's reuse check never matched (lazy_kernels._register_explicit_weight)
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         opt.step()
         opt.zero_grad()
