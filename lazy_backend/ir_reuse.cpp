@@ -31,6 +31,8 @@ std::atomic<int64_t> g_live_tensors{0};
 std::atomic<int64_t> g_drop_ns{0};
 std::atomic<int64_t> g_clean_ns{0};
 
+bool g_enabled = false;  // setIrReuse's choice (pauseIrReuse lowers the flag only)
+
 // State of the tracing thread (LTC's trie is thread-local too).
 int64_t g_device_data_ordinal = 0;  // device-data nodes handed out since the last step boundary
 std::vector<std::weak_ptr<torch::lazy::Node>> g_data_nodes;  // the device-data nodes this builder made
@@ -180,24 +182,28 @@ int64_t cleanTrie(torch::lazy::TrieNode* root) {
   return count - 1;  // the root holds no node
 }
 
-// What a step boundary does for reuse: no tensor keeps a device-data node
-// cached (1.), the next step's device data count from 0 (3.) and its trace
-// starts at the trie's root. False when a live tensor still holds a pending
-// computation (then nothing was changed but the cursor and the count).
+// A step boundary: no tensor keeps a device-data node cached (1.), the next
+// device data count from 0 (3.) and the next trace starts at the trie's
+// root. Not done (false) while a live tensor holds a pending computation:
+// its graph may read nodes that the trie would then hand out again.
 bool stepBoundary(const torch::lazy::BackendDevice& device) {
-  torch::lazy::TrieCache::Get()->ResetCurrent();
-  g_device_data_ordinal = 0;
   auto t0 = std::chrono::steady_clock::now();
   bool dropped = dropCachedDeviceData(device);
   g_drop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  if (!dropped) g_cleanups_skipped++;
-  return dropped;
+  if (!dropped) {
+    g_cleanups_skipped++;
+    return false;
+  }
+  torch::lazy::TrieCache::Get()->ResetCurrent();
+  g_device_data_ordinal = 0;
+  return true;
 }
 
 class ReusingGraphExecutor : public torch::lazy::LazyGraphExecutor {
  public:
   void MarkStep(const torch::lazy::BackendDevice& device) override {
-    torch::lazy::LazyGraphExecutor::MarkStep(device);
+    torch::lazy::LazyGraphExecutor::MarkStep(device);  // also resets the trie's cursor
+    g_device_data_ordinal = 0;
     if (!FLAGS_torch_lazy_reuse_ir || !stepBoundary(device)) return;
     // Walk the trie only after a step that added to it (a fork): otherwise
     // there is nothing to prune, and the device-data nodes are on a list.
@@ -222,6 +228,7 @@ void setIrReuse(bool on) {
     return created;
   }();
   (void)executor;
+  g_enabled = on;
   FLAGS_torch_lazy_reuse_ir = on;
   if (!on) torch::lazy::TrieCache::Get()->Clear();
 }
@@ -232,9 +239,9 @@ const torch::lazy::IrBuilder* irReuseBuilder(const torch::lazy::IrBuilder* ts) {
   return &builder;
 }
 
-void irReuseStepBoundary() {
-  if (FLAGS_torch_lazy_reuse_ir) stepBoundary(torch::lazy::BackendDevice());
-}
+void pauseIrReuse(bool paused) { FLAGS_torch_lazy_reuse_ir = g_enabled && !paused; }
+
+bool irReuseStepBoundary() { return FLAGS_torch_lazy_reuse_ir && stepBoundary(torch::lazy::BackendDevice()); }
 
 std::unordered_map<std::string, int64_t> irReuseStats() {
   return {{"nodes_built", nodesBuilt()},

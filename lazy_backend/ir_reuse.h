@@ -37,9 +37,17 @@ namespace lazy_mlir {
 // clean-up after each mark_step).
 void setIrReuse(bool on);
 
-// Ends a trace that no mark_step ends (lazy_mlir.steady_state's setup sync),
-// so that the next step traces as every later one.
-void irReuseStepBoundary();
+// While paused, ops are traced without the trie (lazy_mlir.steady_state's
+// setup graph, traced inside a model's first step: its nodes must neither
+// take the step's place in the trie nor shift its device-data ordinals).
+void pauseIrReuse(bool paused);
+
+// After that setup graph: the model's first step starts here, as the next
+// ones start after a mark_step; ops traced before it (model set-up code)
+// must not make it trace otherwise. Not done, and false, when ops of the
+// step are already pending (traced before its first forward): that first
+// step then hashes unlike the next, and LTC lowers the next once more.
+bool irReuseStepBoundary();
 
 // The IR builder of the backend: `ts` (TorchScript's), with device-data
 // nodes that carry their ordinal while reuse is on (3.).

@@ -79,6 +79,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
   m.def("ir_reuse_stats", &lazy_mlir::irReuseStats);
+  m.def("pause_ir_reuse", &lazy_mlir::pauseIrReuse, py::arg("paused"));
   m.def("ir_reuse_step_boundary", &lazy_mlir::irReuseStepBoundary);
   // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });

@@ -70,18 +70,22 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     feeds both): the first step's group inputs then alias alike."""
     global settling
     _settled.update(model.modules())
-    with torch.no_grad():
-        for p in params:
-            p.mul_(1)
-    buffers = [b for b in model.buffers() if b.device.type == "lazy"]  # moved like the parameters
+    # IR reuse: the setup graph is traced inside the first step (from its
+    # first forward), and must not change how the step traces (ir_reuse.h)
+    _C.pause_ir_reuse(True)
     settling = True
     try:
+        with torch.no_grad():
+            for p in params:
+                p.mul_(1)
+        buffers = [b for b in model.buffers() if b.device.type == "lazy"]  # moved like the parameters
         with metrics.setup_graph():
             _sync_settled(params + _C.functional_bases(params) + buffers)
         _C.share_base_buffers(params)
-        _C.ir_reuse_step_boundary()  # the step then traces (and hashes) as every later one
     finally:
         settling = False
+        _C.pause_ir_reuse(False)
+    _C.ir_reuse_step_boundary()
 
 
 def _sync_settled(tensors: list[torch.Tensor]) -> None:
