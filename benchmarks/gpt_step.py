@@ -3,7 +3,7 @@
 Runs, each in its own subprocess and in one invocation: eager,
 torch.compile(model) with the optimizer step eager, torch.compile(model) with
 torch.compile(optimizer.step), the stock torch._lazy TorchScript backend, and
-lazy_mlir O0/O1/O2, and O1 with Config.fuse_optimizer (AdamW traced as one
+lazy_mlir O0/O1/O2, and O1 without Config.fuse_optimizer (AdamW traced op by op instead of as one
 node). Eager and torch.compile run on the device that backs lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
 median ms/step after warm-up, ratios to eager and to each torch.compile row,
 peak RSS, compile seconds (warm-up time above the median), graph executions
@@ -29,11 +29,11 @@ from child import exit_if_failed, pick_round, run_child
 from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
-            "lazy_mlir_O1_fused_opt", "lazy_mlir_O2"]
+            "lazy_mlir_O1_unfused_opt", "lazy_mlir_O2"]
 # lazy_mlir rows: level and init() options
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
-                  # AdamW traced as one node per step (Config.fuse_optimizer, off by default)
-                  "lazy_mlir_O1_fused_opt": ("O1", {"fuse_optimizer": True})}
+                  # AdamW traced op by op (Config.fuse_optimizer, on by default, off)
+                  "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False})}
 COMPILE_ROWS = ("compile_model", "compile_model_opt")
 
 

@@ -57,7 +57,7 @@ def test_training_reuses_the_trace_and_matches_eager(reuse):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # Steady-state steps build only what is never reused (scalar nodes):
     # a small fraction of the first step's nodes.
-    assert built[0] > 100, built
+    assert built[0] > 50, built
     assert max(built[3:]) < built[0] / 4, built
     assert metrics.snapshot()["compiled_group_calls"] > 0, metrics.report()
 

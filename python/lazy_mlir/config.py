@@ -68,10 +68,9 @@ class Config:
     donated_inputs: tuple = ()
     # Trace an Adam/AdamW step on the lazy device as one node per parameter
     # group instead of ~10 ops per parameter (see fused_optimizer; same math,
-    # float rounding aside). Off unless LAZY_MLIR_FUSE_OPTIMIZER=1: it saves
-    # GPT-mini ~10 ms of trace and LTC sync, but Inductor's code for the
-    # expanded update is ~11 ms slower (README), so the step is no faster yet.
-    fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", False))
+    # float rounding aside): ~30% less trace and LTC sync on GPT-mini, its
+    # generated code as fast or faster (README). LAZY_MLIR_FUSE_OPTIMIZER=0 turns it off.
+    fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", True))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile

@@ -1,5 +1,5 @@
 """Adam and AdamW steps on the lazy device traced as one node per parameter
-group (``Config.fuse_optimizer``, off by default: see the README for why).
+group (``Config.fuse_optimizer``, on by default).
 
 torch's single-tensor Adam runs ~10 ops per parameter (``mul_``, ``lerp_``,
 ``mul_``, ``addcmul_``, ``sqrt``, ``div``, ``add_``, ``addcdiv_`` ...), each
