@@ -68,7 +68,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _C, metrics, syncs
+from . import _C, config, metrics, syncs
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
@@ -773,12 +773,12 @@ def _register_explicit_weight(op) -> None:
     (``weight=None``, then ``total_weight``) begins every cross-entropy
     backward, and the trace then leaves the trie for the whole backward and
     optimizer step. An absent weight is passed as ones: the same values
-    (``-weight[target] * grad / total_weight``)."""
+    (``-weight[target] * grad / total_weight``), only while reuse is on."""
     ltc = torch.library.get_kernel(op, "Lazy")
     keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
 
     def kernel(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-        if weight is None:
+        if weight is None and config.current.reuse_ir:
             weight = aten.ones.default([self.shape[1 if self.dim() > 1 else 0]], dtype=self.dtype, device=self.device)
         return ltc.call_boxed(keys, grad_output, self, target, weight, reduction, ignore_index, total_weight)
 
