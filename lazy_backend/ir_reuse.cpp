@@ -1,6 +1,6 @@
 #include "ir_reuse.h"
 
-#include "source_locations.h"
+#include "../runtime/run_stats.h"
 
 #include <torch/csrc/lazy/core/config.h>
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
@@ -9,8 +9,6 @@
 #include <torch/csrc/lazy/ts_backend/ops/device_data.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 
-#include <atomic>
-#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -20,16 +18,6 @@ namespace {
 // Successors kept per trie node: the path this step took and one other (a
 // loop alternating two op sequences, e.g. a validation step every N steps).
 constexpr size_t kKeptBranches = 2;
-
-// Counters for irReuseStats (tests, benchmarks).
-std::atomic<int64_t> g_trie_nodes{0};
-std::atomic<int64_t> g_pruned{0};
-std::atomic<int64_t> g_buffers_released{0};
-std::atomic<int64_t> g_cached_values_dropped{0};
-std::atomic<int64_t> g_cleanups_skipped{0};
-std::atomic<int64_t> g_live_tensors{0};
-std::atomic<int64_t> g_drop_ns{0};
-std::atomic<int64_t> g_clean_ns{0};
 
 bool g_enabled = false;  // setIrReuse's choice (pauseIrReuse lowers the flag only)
 
@@ -63,7 +51,8 @@ class OrdinalDeviceData : public torch::lazy::DeviceData {
 // TorchScript's builder (delegated to: its node types are not exported to
 // subclass it) with MakeDeviceData replaced.
 struct ReusingIrBuilder : torch::lazy::IrBuilder {
-  const torch::lazy::IrBuilder* ts = nullptr;
+  explicit ReusingIrBuilder(const torch::lazy::IrBuilder* ts) : ts(ts) {}
+  const torch::lazy::IrBuilder* ts;
 
   torch::lazy::NodePtr MakeDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data) const override {
     if (!FLAGS_torch_lazy_reuse_ir) return ts->MakeDeviceData(data);
@@ -124,14 +113,13 @@ int64_t trieNodesCreated() {
 // step's sync: its graph may read trie nodes, and nothing is touched.
 bool dropCachedDeviceData(const torch::lazy::BackendDevice& device) {
   auto live = torch::lazy::LazyGraphExecutor::Get()->GetLiveTensors(&device);
-  g_live_tensors = static_cast<int64_t>(live.size());
   for (const auto& tensor : live) {
     if (tensor->CurrentIrValue() && tensor->CurrentDataHandle() == nullptr) return false;
   }
   for (const auto& tensor : live) {
     if (tensor->CurrentIrValue()) {
       tensor->AssignIrValue(torch::lazy::Value());
-      g_cached_values_dropped++;
+      RunStats::get().cached_ir_dropped++;
     }
   }
   return true;
@@ -145,7 +133,7 @@ bool releaseData(const torch::lazy::DeviceData* node) {
   if (!data || data.use_count() != 1 || !data->HasValue()) return false;
   const_cast<torch::lazy::DeviceData*>(node)->SetData(
       std::make_shared<torch::lazy::TSData>(data->shape(), data->device()));
-  g_buffers_released++;
+  RunStats::get().trie_buffers_released++;
   return true;
 }
 
@@ -162,24 +150,21 @@ void releaseTrieData() {
   g_data_nodes.resize(kept);
 }
 
-// Prunes branches (3.) and releases buffers only the trie holds (2.); returns
-// the number of nodes. Iterative: the trie is a chain as long as a step.
-int64_t cleanTrie(torch::lazy::TrieNode* root) {
-  int64_t count = 0;
+// Prunes branches (4.) and releases buffers only the trie holds (2.).
+// Iterative: the trie is a chain as long as a step.
+void cleanTrie(torch::lazy::TrieNode* root) {
   std::vector<torch::lazy::TrieNode*> pending{root};
   while (!pending.empty()) {
     torch::lazy::TrieNode* node = pending.back();
     pending.pop_back();
-    count++;
     if (node->successors.size() > kKeptBranches) {
-      g_pruned += static_cast<int64_t>(node->successors.size() - kKeptBranches);
+      RunStats::get().trie_branches_pruned += static_cast<int64_t>(node->successors.size() - kKeptBranches);
       node->successors.resize(kKeptBranches);  // the front ones are the most recently used
     }
     const auto* data_node = node->ir_node ? torch::lazy::DeviceData::Cast(node->ir_node.get()) : nullptr;
     if (data_node != nullptr) releaseData(data_node);
     for (auto& successor : node->successors) pending.push_back(successor.get());
   }
-  return count - 1;  // the root holds no node
 }
 
 // A step boundary: no tensor keeps a device-data node cached (1.), the next
@@ -187,11 +172,8 @@ int64_t cleanTrie(torch::lazy::TrieNode* root) {
 // root. Not done (false) while a live tensor holds a pending computation:
 // its graph may read nodes that the trie would then hand out again.
 bool stepBoundary(const torch::lazy::BackendDevice& device) {
-  auto t0 = std::chrono::steady_clock::now();
-  bool dropped = dropCachedDeviceData(device);
-  g_drop_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  if (!dropped) {
-    g_cleanups_skipped++;
+  if (!dropCachedDeviceData(device)) {
+    RunStats::get().step_boundaries_skipped++;
     return false;
   }
   torch::lazy::TrieCache::Get()->ResetCurrent();
@@ -213,9 +195,7 @@ class ReusingGraphExecutor : public torch::lazy::LazyGraphExecutor {
       releaseTrieData();
       return;
     }
-    auto t1 = std::chrono::steady_clock::now();
-    g_trie_nodes = cleanTrie(torch::lazy::TrieCache::Get()->Current());
-    g_clean_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t1).count();
+    cleanTrie(torch::lazy::TrieCache::Get()->Current());
   }
 };
 
@@ -234,24 +214,12 @@ void setIrReuse(bool on) {
 }
 
 const torch::lazy::IrBuilder* irReuseBuilder(const torch::lazy::IrBuilder* ts) {
-  static ReusingIrBuilder builder;
-  builder.ts = ts;
+  static const ReusingIrBuilder builder(ts);  // TorchScript's builder is one for the process
   return &builder;
 }
 
 void pauseIrReuse(bool paused) { FLAGS_torch_lazy_reuse_ir = g_enabled && !paused; }
 
 bool irReuseStepBoundary() { return FLAGS_torch_lazy_reuse_ir && stepBoundary(torch::lazy::BackendDevice()); }
-
-std::unordered_map<std::string, int64_t> irReuseStats() {
-  return {{"nodes_built", nodesBuilt()},
-          {"live_tensors", g_live_tensors.load()},
-          {"trie_nodes", g_trie_nodes.load()},
-          {"branches_pruned", g_pruned.load()},
-          {"buffers_released", g_buffers_released.load()},
-          {"cached_values_dropped", g_cached_values_dropped.load()},
-          {"cleanups_skipped", g_cleanups_skipped.load()},
-          {"drop_ns", g_drop_ns.load()}, {"clean_ns", g_clean_ns.load()}};
-}
 
 }  // namespace lazy_mlir

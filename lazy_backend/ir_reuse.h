@@ -27,14 +27,12 @@
 #include <torch/csrc/lazy/core/trie.h>
 
 #include <cstdint>
-#include <unordered_map>
-#include <string>
 
 namespace lazy_mlir {
 
 // Turns reuse on or off (off also empties the trie). The first call puts
 // this module's graph executor in place of LTC's (same behaviour plus the
-// clean-up after each mark_step).
+// clean-up after each mark_step). Its counts are in RunStats.
 void setIrReuse(bool on);
 
 // While paused, ops are traced without the trie (lazy_mlir.steady_state's
@@ -72,9 +70,5 @@ torch::lazy::NodePtr reuseFromTrie(const Match& matches) {
   }
   return nullptr;
 }
-
-// IR nodes built in this process, trie size at the last walk, clean-up
-// counts and times: for tests and benchmarks.
-std::unordered_map<std::string, int64_t> irReuseStats();
 
 }  // namespace lazy_mlir

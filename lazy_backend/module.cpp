@@ -78,7 +78,7 @@ PYBIND11_MODULE(_C, m) {
         "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
-  m.def("ir_reuse_stats", &lazy_mlir::irReuseStats);
+  m.def("nodes_built", &lazy_mlir::nodesBuilt, "IR nodes built so far (a node reused from an earlier step is not).");
   m.def("pause_ir_reuse", &lazy_mlir::pauseIrReuse, py::arg("paused"));
   m.def("ir_reuse_step_boundary", &lazy_mlir::irReuseStepBoundary);
   // LTC calls the frame function (source_locations.h) only with this flag.
