@@ -94,3 +94,30 @@ def test_state_created_as_device_data_only_in_the_first_step(lazy_level):
 def test_prepare_refuses_a_model_not_on_the_lazy_device():
     with pytest.raises(ValueError, match="no parameter on the lazy device"):
         lazy_mlir.prepare(make_gpt(_cfg(24)))
+
+
+def test_torch_compile_in_the_same_process(lazy_level):
+    """lazy_mlir's hooks are global (every module's forward, every optimizer
+    step, torch.optim.adam.adam): a CPU model under torch.compile in the same
+    process must trace and train as without lazy_mlir."""
+    torch._dynamo.reset()
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=12, vocab_size=40, block_size=8, batch_size=2)
+
+    def train(compiled: bool):
+        model = make_gpt(cfg)
+        opt = make_adamw(model)
+        forward = torch.compile(model, backend="eager", fullgraph=True) if compiled else model
+        opt_step = torch.compile(opt.step, backend="eager") if compiled else opt.step
+        losses = []
+        for x, y in gpt_batches(cfg, steps=STEPS):
+            loss = forward(x, y)
+            loss.backward()
+            opt_step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    (eager_losses, eager_params), (losses, params) = train(False), train(True)
+    assert losses == pytest.approx(eager_losses, rel=1e-6)
+    for p, q in zip(params, eager_params):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -97,7 +97,10 @@ syncs.count_as_step(_sync_settled)  # a setup graph, not a value read
 
 def _before_forward(module: torch.nn.Module, args) -> None:
     """A module's first forward in training: settle its parameters (each
-    module is decided on once; its submodules with it)."""
+    module is decided on once; its submodules with it). Dynamo tracing a
+    torch.compile'd module in the same process skips it: the hook is global."""
+    if torch.compiler.is_compiling():
+        return
     if module in _settled or not config.current.auto_prepare or not torch.is_grad_enabled():
         return
     if getattr(module, "_lazy_mlir_zero", None) is not None:  # ZeRO manages these parameters
@@ -111,7 +114,7 @@ def _before_forward(module: torch.nn.Module, args) -> None:
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    if optimizer.state or optimizer in _first_steps:
+    if torch.compiler.is_compiling() or optimizer.state or optimizer in _first_steps:
         return
     enrolled = optimizer in _state_as_data or (config.current.auto_prepare and any(
         p.device.type == "lazy" for group in optimizer.param_groups for p in group["params"]))
@@ -124,6 +127,8 @@ def _before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
 def _after_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     # A step that raised skips this hook: its mode stays pushed, and only
     # makes zeros_like/ones_like/full_like of lazy tensors device data.
+    if torch.compiler.is_compiling():
+        return
     mode = _first_steps.pop(optimizer, None)
     if mode is not None:
         mode.__exit__(None, None, None)
