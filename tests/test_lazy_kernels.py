@@ -378,3 +378,28 @@ def test_custom_ops_with_views_run_functionalized(lazy_level):
     assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
     assert {"torch_nn::_linear_cross_entropy_batch_chunked",
             "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction"} <= set(lazy_kernels.composite_ops())
+
+
+def test_builtin_output_shapes_are_computed_once_per_signature(lazy_level, monkeypatch):
+    """A builtin node's output shapes come from its (often Python) meta kernel
+    once per op and argument signature: later steps reuse them. Another
+    size, dtype or scalar (-0.0 against 0.0 included) is another signature."""
+    calls = []
+
+    def counted(self):
+        calls.append((tuple(self.shape), self.dtype))
+        return lazy_kernels._geqrf_shapes(self)
+
+    monkeypatch.setitem(lazy_kernels._SHAPE_FUNCTIONS, "aten::geqrf", counted)
+    monkeypatch.setattr(lazy_kernels, "_OUTPUT_SHAPES", {})
+    inputs = [torch.randn(2, 6, 3), torch.randn(2, 6, 3), torch.randn(3, 7, 2),
+              torch.randn(2, 6, 3, dtype=torch.float64)]
+    for a in inputs:
+        q, tau = torch.geqrf(a.to(LAZY))
+        torch._lazy.mark_step()
+        want_q, want_tau = torch.geqrf(a)
+        assert (q.shape, tau.shape, q.dtype) == (want_q.shape, want_tau.shape, want_q.dtype)
+        torch.testing.assert_close((q.cpu(), tau.cpu()), (want_q, want_tau))
+    assert calls == [((2, 6, 3), torch.float32), ((3, 7, 2), torch.float32), ((2, 6, 3), torch.float64)]
+    signatures = {lazy_kernels._signature((torch.ones(2), s)) for s in (0.0, -0.0, float("nan"), 0)}
+    assert len(signatures) == 4, signatures

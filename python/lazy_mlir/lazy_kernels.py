@@ -369,21 +369,69 @@ _SHAPE_FUNCTIONS = {
 }
 
 
-def trace_builtin(op, args, kwargs):
-    """Traces ``op`` as one TorchScript builtin node; raises if it cannot.
-    Tensor[] returns come back as lists: the node's outputs are their
-    items, unpacked by its lowering."""
+class _Unknown(Exception):
+    """An argument whose effect on output shapes cannot be told from its value."""
+
+
+_PLAIN = (bool, int, str, type(None), torch.dtype, torch.memory_format, torch.layout, torch.device)
+
+
+def _signature(x):
+    """What an op's output dtypes and shapes can depend on in argument ``x``,
+    hashable: a tensor's dtype and sizes, a scalar's type and value (a float
+    by its bits: -0.0 is not 0.0)."""
+    if isinstance(x, torch.Tensor):
+        return torch.Tensor, x.dtype, tuple(x.shape)
+    if isinstance(x, _PLAIN):
+        return type(x), x
+    if isinstance(x, float):
+        return float, x.hex()
+    if isinstance(x, (list, tuple)):
+        return type(x), tuple(_signature(item) for item in x)
+    raise _Unknown  # SymInt, Generator, ...
+
+
+# (op, argument signatures) -> the output shapes of trace_builtin: steps
+# trace the same ops on the same shapes, and the meta kernels of many ops
+# (torch._refs, Python) cost more than tracing the node (~0.1-1 ms each:
+# T5's attention spent a third of its trace in them).
+_OUTPUT_SHAPES: dict = {}
+_OUTPUT_SHAPES_MAX = 50_000
+
+
+def _output_shapes(op, args, kwargs) -> tuple[list, list]:
+    """([(dtype, sizes)] of the node's outputs, Tensor[] return lengths)."""
+    try:
+        key = op, _signature(args), _signature(tuple(sorted(kwargs.items())))
+    except _Unknown:
+        key = None
+    known = _OUTPUT_SHAPES.get(key) if key is not None else None
+    if known is not None:
+        return known
     shapes = _SHAPE_FUNCTIONS.get(_qualified(op), op)
     meta_out = shapes(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
     single = len(op._schema.returns) == 1
     returns = [meta_out] if single else list(meta_out)
     lists = [isinstance(r.type, torch.ListType) for r in op._schema.returns]
     list_sizes = [len(r) if is_list else -1 for r, is_list in zip(returns, lists)] if any(lists) else []
-    outputs = [t for r, is_list in zip(returns, lists) for t in (r if is_list else [r])]
+    outputs = [(t.dtype, list(t.shape)) for r, is_list in zip(returns, lists) for t in (r if is_list else [r])]
+    if key is not None:
+        if len(_OUTPUT_SHAPES) >= _OUTPUT_SHAPES_MAX:
+            _OUTPUT_SHAPES.clear()
+        _OUTPUT_SHAPES[key] = outputs, list_sizes
+    return outputs, list_sizes
+
+
+def trace_builtin(op, args, kwargs):
+    """Traces ``op`` as one TorchScript builtin node; raises if it cannot.
+    Tensor[] returns come back as lists: the node's outputs are their
+    items, unpacked by its lowering."""
+    outputs, list_sizes = _output_shapes(op, args, kwargs)
+    single = len(op._schema.returns) == 1
     results = _C.trace_builtin(op._schema.name, op._overloadname, _schema_arguments(op, args, kwargs),
-                               [(t.dtype, list(t.shape)) for t in outputs], list_sizes)
+                               outputs, list_sizes)
     items, out = iter(results), []
-    for n in (list_sizes or [-1] * len(returns)):
+    for n in (list_sizes or [-1] * len(op._schema.returns)):
         out.append(next(items) if n < 0 else [next(items) for _ in range(n)])
     return out[0] if single else tuple(out)
 
