@@ -10,11 +10,19 @@ peak RSS, compile seconds (warm-up time above the median), graph executions
 and eager fallbacks per step, and for lazy_mlir rows the step's split into
 trace / ltc / compile / glue / kernels (defined in benchmarks/lazy_step.py).
 
+With --paired, the timings come from one process instead: eager, the
+torch.compile rows and one lazy_mlir row take turns step by step, so that
+machine drift hits them alike (separate processes on these machines differ
+by 10-30% from run to run), and each row's step is split into time inside
+Inductor-generated code ("graph", torch.compile's and ours alike), its
+matmuls, and the rest of the step ("outside": Python, autograd, tracing).
+
 A row that failed, or an O1/O2 row whose steps did not all run generated code
 (a group in TorchScript, an eager fallback, no compiled group call), shows
 FAILED and why instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/gpt_step.py [--steps 20] [--warmup 5] [--only eager,lazy_mlir_O1]
+    .venv/bin/python benchmarks/gpt_step.py --paired [--only eager,compile_model_opt,lazy_mlir_O1]
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells
+from lazy_step import SPLIT_HEADER, GeneratedCodeClock, StepSplit, backing_device, not_compiled, split_cells
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
             "lazy_mlir_O1_unfused_opt", "lazy_mlir_O2"]
@@ -116,6 +124,71 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
     return result
 
 
+PAIRED_DEFAULT = "eager,compile_model,compile_model_opt,lazy_mlir_O1"
+
+
+def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict) -> dict[str, dict]:
+    """All ``variants`` in this process, one step of each in turn (at most
+    one lazy_mlir row: the lazy backend is one per process)."""
+    from lazy_mlir import metrics
+    from lazy_mlir.models import gpt_batches
+
+    lazy_rows = [v for v in variants if v.startswith(("lazy_mlir", "ts_lazy"))]
+    if len(lazy_rows) > 1 or "ts_lazy" in lazy_rows:
+        raise SystemExit(f"--paired takes at most one lazy_mlir row, got {lazy_rows}")
+    clock = GeneratedCodeClock()
+    built = {v: _step_fn(v, init_options, None) for v in variants}
+    steps_fns = {v: step for v, (step, _) in built.items()}
+    cfg = built[variants[0]][1]  # every row's model has the same sizes
+    parts: dict[str, list[dict]] = {v: [] for v in variants}
+    losses: dict[str, list[float]] = {v: [] for v in variants}
+    for i, (x, y) in enumerate(gpt_batches(cfg, warmup + steps)):
+        if i == warmup:
+            metrics.reset()
+        for v in variants:
+            clock.take()
+            start = time.perf_counter()
+            losses[v].append(steps_fns[v](x, y))
+            total = time.perf_counter() - start
+            taken = clock.take()
+            parts[v].append({"step": total, "graph": taken["graph"], "matmul": taken["matmul"],
+                             "outside": total - taken["graph"]})
+    results = {}
+    for v in variants:
+        timed = parts[v][warmup:]
+        med = {k: statistics.median(p[k] for p in timed) * 1000 for k in ("step", "graph", "matmul", "outside")}
+        results[v] = {"variant": v, "ms_per_step": med.pop("step"), "paired_ms": med, "losses": losses[v],
+                      "final_loss": losses[v][-1], "steps": steps}
+        if v in LAZY_MLIR_ROWS:
+            why = not_compiled(metrics.snapshot(), LAZY_MLIR_ROWS[v][0])
+            if why:
+                results[v]["failed"] = why
+    return results
+
+
+def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
+    eager = results.get("eager", {}).get("ms_per_step")
+    compiled = [results.get(v, {}).get("ms_per_step") for v in COMPILE_ROWS]
+    print(f"\nGPT-mini step on {backing_device()}, all rows in one process taking turns step by step, "
+          f"{steps} timed steps after {warmup} warm-up (medians, ms)")
+    print(f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}"
+          f"{'graph':>8}{'matmul':>8}{'outside':>9}")
+    for v, r in results.items():
+        if "failed" in r:
+            print(f"{v:<20}  FAILED: {r['failed']}")
+            continue
+        ms, p = r["ms_per_step"], r["paired_ms"]
+        print(f"{v:<20}{ms:>9.1f}" + "".join(f"{ms / base if base else float('nan'):>{w}.2f}"
+                                            for base, w in ((eager, 8), *zip(compiled, (9, 9))))
+              + f"{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
+    print("  graph: inside Inductor-generated code (kernels and their Python wrapper); matmul: its "
+          "mm/addmm/bmm calls; outside: the rest of the step (Python, autograd, lazy tracing, LTC)")
+    if "eager" in results:
+        for v, r in results.items():
+            diff = max(abs(a - b) for a, b in zip(results["eager"]["losses"], r["losses"]))
+            print(f"  max |loss - eager loss| {v:<20} {diff:.2e}")
+
+
 def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
     """The variant's result from a fresh process; {"failed": why} if it failed."""
     return run_child(__file__, ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
@@ -126,9 +199,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--only", default=",".join(VARIANTS))
+    parser.add_argument("--only", help=f"rows (default: all, with --paired {PAIRED_DEFAULT})")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every variant this many times, interleaved; report the median round")
+    parser.add_argument("--paired", action="store_true",
+                        help="time the rows in one process, step by step in turn (default rows: "
+                             f"{PAIRED_DEFAULT})")
     parser.add_argument("--json", default="gpt_step.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--init-options", default="{}", help="JSON dict for lazy_mlir.init()")
@@ -136,12 +212,20 @@ def main():
     if args.child:
         print(json.dumps(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options))))
         return
+    if args.paired:
+        results = run_paired((args.only or PAIRED_DEFAULT).split(","), args.steps, args.warmup,
+                             json.loads(args.init_options))
+        print_paired(results, args.steps, args.warmup)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        exit_if_failed({v: r["failed"] for v, r in results.items() if "failed" in r})
+        return
 
     # Timings on these machines drift: interleave the variants round by round
     # and keep, per variant, the round with the median step time.
     runs: dict[str, list[dict]] = {}
     for round_ in range(args.rounds):
-        for variant in args.only.split(","):
+        for variant in (args.only or ",".join(VARIANTS)).split(","):
             if variant == "ts_lazy" and round_ > 0:
                 continue  # seconds per step: one round is enough for this baseline
             print(f"round {round_ + 1}: running {variant} ...", file=sys.stderr, flush=True)

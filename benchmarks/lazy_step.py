@@ -94,3 +94,39 @@ def not_compiled(s: dict, level: str) -> str | None:
     if s["fallback_count"]:
         return "eager fallbacks: " + ", ".join(f"{op} x{n}" for op, n in s["fallbacks"].items())
     return None
+
+
+class GeneratedCodeClock:
+    """Time spent in Inductor-generated code, for any row that runs some
+    (torch.compile's and lazy_mlir's alike): ``graph`` inside compiled graph
+    calls (the generated Python wrapper with its kernels), ``matmul`` in the
+    extern GEMM calls among them (mm, addmm, bmm). Wraps those entry points
+    for the whole process; ``take()`` returns and clears the seconds since
+    the last take."""
+
+    def __init__(self):
+        from torch._inductor import output_code
+        from torch._inductor.select_algorithm import extern_kernels
+        self.seconds = {"graph": 0.0, "matmul": 0.0}
+        self._wrap(output_code.CompiledFxGraph, "__call__", "graph")
+        for name in ("mm", "addmm", "bmm"):
+            self._wrap(extern_kernels, name, "matmul")
+
+    def _wrap(self, owner, name: str, part: str) -> None:
+        original = getattr(owner, name)
+        seconds = self.seconds
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    def take(self) -> dict[str, float]:
+        taken = dict(self.seconds)
+        for part in self.seconds:
+            self.seconds[part] = 0.0
+        return taken
