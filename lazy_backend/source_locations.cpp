@@ -35,19 +35,28 @@ bool isInternalFile(const std::string& file) {
 struct CodeInfo {
   bool internal;
   std::string file, function;
+  std::unordered_map<int, int> lines;  // instruction offset -> line (PyFrame_GetLineNumber scans the code's table)
 };
 
-// Called for every traced op: remember what we need per code object (they
-// live as long as their functions; only read and written under the GIL).
-const CodeInfo& codeInfo(PyCodeObject* code) {
+// Called for every traced op: remember what we need per code object. The
+// code objects are kept alive (a freed one's address could name another);
+// only read and written under the GIL.
+CodeInfo& codeInfo(PyCodeObject* code) {
   static auto* known = new std::unordered_map<PyCodeObject*, CodeInfo>();
   auto it = known->find(code);
   if (it == known->end()) {
     std::string file = pybind11::cast<std::string>(pybind11::handle(code->co_filename));
     const bool internal = isInternalFile(file);
+    Py_INCREF(code);
     it = known->emplace(code, CodeInfo{internal, std::move(file),
-                                       pybind11::cast<std::string>(pybind11::handle(code->co_name))}).first;
+                                       pybind11::cast<std::string>(pybind11::handle(code->co_name)), {}}).first;
   }
+  return it->second;
+}
+
+int lineNumber(CodeInfo& info, PyFrameObject* frame) {
+  auto [it, added] = info.lines.try_emplace(PyFrame_GetLasti(frame), 0);
+  if (added) it->second = PyFrame_GetLineNumber(frame);
   return it->second;
 }
 
@@ -57,10 +66,11 @@ std::vector<torch::lazy::SourceLocation> innermostUserFrame() {
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   std::vector<torch::lazy::SourceLocation> result;
+  result.reserve(2);  // the user's frame and the trace order (traceMetadata)
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);
-    const CodeInfo& info = codeInfo(code);
-    if (!info.internal) result.push_back({info.file, info.function, PyFrame_GetLineNumber(frame)});
+    CodeInfo& info = codeInfo(code);
+    if (!info.internal) result.push_back({info.file, info.function, lineNumber(info, frame)});
     Py_DECREF(code);
     PyFrameObject* back = result.empty() ? PyFrame_GetBack(frame) : nullptr;
     Py_DECREF(frame);

@@ -112,3 +112,32 @@ def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, mon
     s = metrics.snapshot()
     assert s["graph_executions"] == s["mark_steps"] == 2 and s["groups_fallen_back"]
     assert s["compiled_group_calls"] == 0  # every group ran its TorchScript subgraph
+
+
+def test_traced_ops_carry_their_source_lines(lazy_level, monkeypatch):
+    """Each node names the user's line it was traced at (errors, dumps and
+    recompile explanations read it): two ops on two lines of a loop body
+    keep their own line in every iteration (lines are cached per code
+    object and instruction)."""
+    from lazy_mlir import executables
+    graphs = []
+    lower = executables.lower_group
+    monkeypatch.setattr(executables, "lower_group", lambda graph, *a: graphs.append(graph) or lower(graph, *a))
+
+    def body(x):
+        for _ in range(3):
+            x = x * 1.25  # MUL
+            x = x.sin()  # SIN
+        return x
+
+    lines = {tag: i + 1 for i, text in enumerate(open(__file__).read().splitlines())
+             for tag in ("MUL", "SIN") if text.endswith(f"# {tag}")}
+    x = torch.randn(3, 7)
+    out = body(x.to(LAZY))
+    torch._lazy.mark_step()
+    torch.testing.assert_close(out.cpu(), body(x))
+    sources = [(n.kind(), n.s("source")) for g in graphs for n in g.nodes() if n.kind() in ("aten::mul", "aten::sin")]
+    assert len(sources) == 6, sources
+    for kind, where in sources:
+        tag = "MUL" if kind == "aten::mul" else "SIN"
+        assert where == f"{__file__} body {lines[tag]}", (kind, where)
