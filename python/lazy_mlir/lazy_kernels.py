@@ -16,8 +16,9 @@ this order for every functional op whose Lazy entry is the eager fallback:
    cannot trace; functionalized, views become the ``*_copy`` ops LTC traces;
 3. the op itself as a TorchScript builtin node in the traced graph
    (``_C.trace_builtin``, output shapes from the op's meta kernel, or from
-   ``_SHAPE_FUNCTIONS`` for ops with none: ``_logcumsumexp``, ``geqrf``):
-   aten's own kernel then runs inside the graph;
+   ``_SHAPE_FUNCTIONS`` for ops with none: ``_logcumsumexp``, ``geqrf``;
+   kept per argument signature, as every step asks again): aten's own
+   kernel then runs inside the graph;
 4. the eager path, counted in ``lazy_mlir.metrics`` under the op's name and
    the user's source line (an error at O2, see ``syncs``).
 
