@@ -17,6 +17,7 @@ generated code (a group in TorchScript, an eager fallback, no compiled group
 call), shows FAILED and why instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/models.py [--steps 20] [--warmup 5] [--rounds 1] [--models gpt2,resnet]
+    .venv/bin/python benchmarks/models.py --paired   # per model, the rows take turns in one process
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells
+from lazy_step import SPLIT_HEADER, GeneratedCodeClock, StepSplit, backing_device, not_compiled, split_cells
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
@@ -36,19 +37,18 @@ VARIANTS = ["eager", "compile_model", "compile_model_opt", "lazy_mlir_O1"]
 COMPILE_ROWS = ("compile_model", "compile_model_opt")
 
 
-def run_variant(name: str, variant: str, steps: int, warmup: int) -> dict:
-    """Runs in the child process."""
+def _make_step(name: str, variant: str):
+    """(step(batch) -> loss value, the model's batches) for one row; lazy_mlir
+    rows initialise the lazy backend (one per process)."""
     import torch
     sys.path.insert(0, ZOO_DIR)
     import zoo
 
     lazy = variant.startswith("lazy_mlir")
-    split = None
     if lazy:
+        import torch._lazy
         import lazy_mlir
-        from lazy_mlir import metrics
         lazy_mlir.init(variant.rsplit("_", 1)[1])
-        split = StepSplit()
     device = torch.device("lazy" if lazy else backing_device())
     v, spec = zoo.base_variant(name), zoo.SPECS[name]
     model = zoo.make_model(v, torch.float32).to(device)
@@ -56,38 +56,85 @@ def run_variant(name: str, variant: str, steps: int, warmup: int) -> dict:
     opt = spec.optimizer(model)
     forward = torch.compile(model) if variant in COMPILE_ROWS else model
     opt_step = torch.compile(opt.step) if variant == "compile_model_opt" else opt.step
-    data = zoo.batches(v, warmup + steps, torch.float32)[:warmup + steps]  # full batches, one shape
-    times, losses = [], []
-    for i, batch in enumerate(data):
-        if split:
-            if i == warmup:
-                metrics.reset()
-            split.begin()
-        start = time.perf_counter()
+
+    def step(batch, mark_step=None):
         loss = spec.loss(forward, *(t.to(device) for t in batch))
         loss.backward()
         opt_step()
         opt.zero_grad(set_to_none=True)
+        if lazy:
+            (mark_step or torch._lazy.mark_step)()
+        return loss.item()
+
+    return step, lambda n: zoo.batches(v, n, torch.float32)[:n]  # full batches, one shape
+
+
+def _lazy_checks(variant: str, steps: int) -> dict:
+    from lazy_mlir import metrics
+    s = metrics.snapshot()
+    result = {"executions_per_step": s["graph_executions"] / steps, "fallbacks_per_step": s["fallback_count"] / steps,
+              "syncs": s["syncs"]}
+    why = not_compiled(s, variant.rsplit("_", 1)[1])
+    if why:
+        result["failed"] = why
+    return result
+
+
+def run_variant(name: str, variant: str, steps: int, warmup: int) -> dict:
+    """Runs in the child process."""
+    lazy = variant.startswith("lazy_mlir")
+    step, batches = _make_step(name, variant)
+    split = StepSplit() if lazy else None
+    times, losses = [], []
+    for i, batch in enumerate(batches(warmup + steps)):
         if split:
-            split.mark_step()
-        losses.append(loss.item())
+            if i == warmup:
+                from lazy_mlir import metrics
+                metrics.reset()
+            split.begin()
+        start = time.perf_counter()
+        losses.append(step(batch, split.mark_step) if split else step(batch))
         times.append(time.perf_counter() - start)
         if split:
             split.end(start)
     result = {"ms_per_step": statistics.median(times[warmup:]) * 1000, "first_step_s": times[0],
               "final_loss": losses[-1]}
     if split:
-        s = metrics.snapshot()
-        result.update({
-            "executions_per_step": s["graph_executions"] / steps,
-            "fallbacks_per_step": s["fallback_count"] / steps,
-            "split_ms": split.medians_ms(warmup),
-            "syncs": s["syncs"],
-        })
-        why = not_compiled(s, variant.rsplit("_", 1)[1])
-        if why:
-            result["failed"] = why
+        result.update(_lazy_checks(variant, steps), split_ms=split.medians_ms(warmup))
     return result
+
+
+def run_paired(name: str, variants: list[str], steps: int, warmup: int) -> dict:
+    """Runs in the child process: every row of ``name``, one step each in turn
+    (at most one lazy_mlir row), with the time in generated code split out."""
+    if sum(v.startswith("lazy_mlir") for v in variants) > 1:
+        raise SystemExit("--paired takes at most one lazy_mlir row")
+    clock = GeneratedCodeClock()
+    rows = {v: _make_step(name, v) for v in variants}
+    batches = rows[variants[0]][1](warmup + steps)
+    times = {v: [] for v in variants}
+    graph = {v: [] for v in variants}
+    losses = {v: [] for v in variants}
+    for i, batch in enumerate(batches):
+        if i == warmup and any(v.startswith("lazy_mlir") for v in variants):
+            from lazy_mlir import metrics
+            metrics.reset()
+        for v in variants:
+            clock.take()
+            start = time.perf_counter()
+            losses[v].append(rows[v][0](batch))
+            times[v].append(time.perf_counter() - start)
+            graph[v].append(clock.take()["graph"])
+    results = {}
+    for v in variants:
+        results[v] = {"ms_per_step": statistics.median(times[v][warmup:]) * 1000, "first_step_s": times[v][0],
+                      "final_loss": losses[v][-1],
+                      "graph_ms": statistics.median(graph[v][warmup:]) * 1000,
+                      "outside_ms": statistics.median(t - g for t, g in zip(times[v][warmup:], graph[v][warmup:]))
+                      * 1000}
+        if v.startswith("lazy_mlir"):
+            results[v].update(_lazy_checks(v, steps))
+    return results
 
 
 def main():
@@ -99,26 +146,42 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--only", default=",".join(VARIANTS))
     parser.add_argument("--json", default="models.json")
+    parser.add_argument("--paired", action="store_true",
+                        help="per model, all rows in one process taking turns step by step, with the time in "
+                             "generated code ('graph') and the rest ('outside') instead of the lazy split")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child-paired", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_variant(*args.child, args.steps, args.warmup)))
         return
+    if args.child_paired:
+        print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.steps, args.warmup)))
+        return
 
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     runs: dict[tuple[str, str], list[dict]] = {}
     for round_ in range(args.rounds):
         for name in args.models.split(","):
+            if args.paired:
+                print(f"round {round_ + 1}: {name}, rows in turn ...", file=sys.stderr, flush=True)
+                rows = run_child(__file__, ["--child-paired", name, "--only", args.only, *common])
+                for variant in args.only.split(","):
+                    runs.setdefault((name, variant), []).append(rows if "failed" in rows else rows[variant])
+                continue
             for variant in args.only.split(","):
                 print(f"round {round_ + 1}: {name} {variant} ...", file=sys.stderr, flush=True)
                 runs.setdefault((name, variant), []).append(run_child(
-                    __file__, ["--child", name, variant, "--steps", str(args.steps), "--warmup", str(args.warmup)]))
+                    __file__, ["--child", name, variant, *common]))
     results = {key: pick_round(rs) for key, rs in runs.items()}
     failed = {f"{m} {v}": r["failed"] for (m, v), r in results.items() if "failed" in r}
 
+    how = "all rows of a model in one process taking turns step by step" if args.paired else "one process per row"
     print(f"\nZoo training steps (fp32) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
-          f"warm-up (median), median of {args.rounds} interleaved round(s)")
+          f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
+    detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
     print(f"{'model':<10}{'variant':<18}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}{'first s':>9}"
-          f"{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
+          f"{'exec/step':>10}{'fallb/step':>11}{detail}{'loss':>9}")
     for name in args.models.split(","):
         ok = {v: r for (m, v), r in results.items() if m == name and "failed" not in r}
         bases = [ok.get(v, {}).get("ms_per_step") for v in ("eager", *COMPILE_ROWS)]
@@ -131,12 +194,15 @@ def main():
             print(f"{name:<10}{variant:<18}{ms:>9.2f}"
                   + "".join(f"{ms / base if base else float('nan'):>{w}.2f}" for base, w in zip(bases, (8, 9, 9)))
                   + f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
-                  f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
-                  f"{r['final_loss']:>9.4f}")
+                  f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
+                  + (f"{r['graph_ms']:>8.2f}{r['outside_ms']:>9.2f}" if args.paired else split_cells(r.get('split_ms')))
+                  + f"{r['final_loss']:>9.4f}")
             for where, n in r.get("syncs", {}).items():
                 print(f"{'':<28}sync: {n / args.steps:g}/step at {where}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
-          "torch.compile(optimizer.step); split columns (ms, medians): see benchmarks/lazy_step.py")
+          "torch.compile(optimizer.step); " + ("graph: ms in Inductor-generated code, outside: the rest of the "
+                                               "step (medians)" if args.paired else
+                                               "split columns (ms, medians): see benchmarks/lazy_step.py"))
     with open(args.json, "w") as f:
         json.dump({f"{m}/{v}": r for (m, v), r in results.items()}, f, indent=1)
     print(f"\nJSON: {args.json}")
