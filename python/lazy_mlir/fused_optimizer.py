@@ -95,9 +95,9 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
           decoupled_weight_decay=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
     """torch.optim.adam.adam, traced as one node when the stepping optimizer is fused."""
     why = None
-    if torch.compiler.is_compiling():  # Dynamo tracing torch's own step: nothing of ours to trace
-        pass
-    elif getattr(_active, "optimizer", None) is not None and any(p.device.type == "lazy" for p in params):
+    # (not while Dynamo traces torch's own step: torch.compile(opt.step) in the same process)
+    if (not torch.compiler.is_compiling() and getattr(_active, "optimizer", None) is not None
+            and any(p.device.type == "lazy" for p in params)):
         why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf,
                          has_complex, beta1, beta2, lr)
         if why is None:
