@@ -88,7 +88,10 @@ def not_compiled(s: dict, level: str) -> str | None:
         return None
     if s["groups_fallen_back"]:
         name, why = next(iter(s["groups_fallen_back"].items()))
-        return f"{len(s['groups_fallen_back'])} group(s) ran in TorchScript, e.g. {name}: {why[-150:]}"
+        # "[its ops] ExcType: message ... help text": the error's first line, not the ops or the help
+        error = why.split("] ", 1)[1] if why.startswith("[") and "] " in why else why
+        first = next((line.strip() for line in error.splitlines() if line.strip()), error)
+        return f"{len(s['groups_fallen_back'])} group(s) ran in TorchScript, e.g. {name}: {first[:200]}"
     if s["compiled_group_calls"] <= 0:
         return "no group ran generated code"
     if s["fallback_count"]:
