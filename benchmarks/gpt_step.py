@@ -166,27 +166,38 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     return results
 
 
+RATIO_HEADER = f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}"
+
+
+def _ratio_cells(ms: float, ok: dict[str, dict]) -> str:
+    """A row's step time and its ratios to eager and to each torch.compile row
+    (``ok``: the rows that did not fail)."""
+    bases = [ok.get(v, {}).get("ms_per_step") for v in ("eager", *COMPILE_ROWS)]
+    return f"{ms:>9.1f}" + "".join(f"{ms / base if base else float('nan'):>{w}.2f}"
+                                   for base, w in zip(bases, (8, 9, 9)))
+
+
+def _print_loss_diffs(ok: dict[str, dict]) -> None:
+    if "eager" in ok:
+        for v, r in ok.items():
+            diff = max(abs(a - b) for a, b in zip(ok["eager"]["losses"], r["losses"]))
+            print(f"  max |loss - eager loss| {v:<20} {diff:.2e}")
+
+
 def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
-    eager = results.get("eager", {}).get("ms_per_step")
-    compiled = [results.get(v, {}).get("ms_per_step") for v in COMPILE_ROWS]
+    ok = {v: r for v, r in results.items() if "failed" not in r}
     print(f"\nGPT-mini step on {backing_device()}, all rows in one process taking turns step by step, "
           f"{steps} timed steps after {warmup} warm-up (medians, ms)")
-    print(f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}"
-          f"{'graph':>8}{'matmul':>8}{'outside':>9}")
+    print(f"{RATIO_HEADER}{'graph':>8}{'matmul':>8}{'outside':>9}")
     for v, r in results.items():
-        if "failed" in r:
+        if v not in ok:
             print(f"{v:<20}  FAILED: {r['failed']}")
             continue
-        ms, p = r["ms_per_step"], r["paired_ms"]
-        print(f"{v:<20}{ms:>9.1f}" + "".join(f"{ms / base if base else float('nan'):>{w}.2f}"
-                                            for base, w in ((eager, 8), *zip(compiled, (9, 9))))
-              + f"{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
+        p = r["paired_ms"]
+        print(f"{v:<20}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
     print("  graph: inside Inductor-generated code (kernels and their Python wrapper); matmul: its "
           "mm/addmm/bmm calls; outside: the rest of the step (Python, autograd, lazy tracing, LTC)")
-    if "eager" in results:
-        for v, r in results.items():
-            diff = max(abs(a - b) for a, b in zip(results["eager"]["losses"], r["losses"]))
-            print(f"  max |loss - eager loss| {v:<20} {diff:.2e}")
+    _print_loss_diffs(ok)
 
 
 def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
@@ -236,20 +247,15 @@ def main():
     failed = {v: r["failed"] for v, r in results.items() if "failed" in r}
 
     ok = {v: r for v, r in results.items() if v not in failed}
-    eager = ok.get("eager", {}).get("ms_per_step")
-    compiled = [ok.get(v, {}).get("ms_per_step") for v in COMPILE_ROWS]
     print(f"\nGPT-mini step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved round(s)")
-    print(f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}{'compile s':>10}{'RSS MB':>8}"
-          f"{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
+    print(f"{RATIO_HEADER}{'compile s':>10}{'RSS MB':>8}{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
     for v, r in results.items():
         if v in failed:
             print(f"{v:<20}  FAILED: {failed[v]}")
             continue
-        ms = r["ms_per_step"]
-        print(f"{v:<20}{ms:>9.1f}" + "".join(f"{ms / base if base else float('nan'):>{w}.2f}"
-                                            for base, w in ((eager, 8), *zip(compiled, (9, 9))))
-              + f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
+        print(f"{v:<20}{_ratio_cells(r['ms_per_step'], ok)}"
+              f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
               f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
               f"{r['final_loss']:>9.4f}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
@@ -257,11 +263,7 @@ def main():
     if "ts_lazy" in ok:
         print("  ts_lazy: the stock torch._lazy TorchScript backend, q/k/v sliced (its split returns CPU "
               f"tensors), {ok['ts_lazy']['steps']} timed steps")
-    if "eager" in ok:
-        ref = ok["eager"]["losses"]
-        for v, r in ok.items():
-            diff = max(abs(a - b) for a, b in zip(ref, r["losses"]))
-            print(f"  max |loss - eager loss| {v:<20} {diff:.2e}")
+    _print_loss_diffs(ok)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nJSON: {args.json}")
