@@ -401,5 +401,6 @@ def test_builtin_output_shapes_are_computed_once_per_signature(lazy_level, monke
         assert (q.shape, tau.shape, q.dtype) == (want_q.shape, want_tau.shape, want_q.dtype)
         torch.testing.assert_close((q.cpu(), tau.cpu()), (want_q, want_tau))
     assert calls == [((2, 6, 3), torch.float32), ((3, 7, 2), torch.float32), ((2, 6, 3), torch.float64)]
+    assert metrics.snapshot()["fallback_count"] == 0  # traced as nodes, not run eagerly
     signatures = {lazy_kernels._signature((torch.ones(2), s)) for s in (0.0, -0.0, float("nan"), 0)}
     assert len(signatures) == 4, signatures
