@@ -34,7 +34,7 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import SPLIT_HEADER, GeneratedCodeClock, StepSplit, backing_device, not_compiled, split_cells
+from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells, take_turns
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
             "lazy_mlir_O1_unfused_opt", "lazy_mlir_O2"]
@@ -136,33 +136,16 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     lazy_rows = [v for v in variants if v.startswith(("lazy_mlir", "ts_lazy"))]
     if len(lazy_rows) > 1 or "ts_lazy" in lazy_rows:
         raise SystemExit(f"--paired takes at most one lazy_mlir row, got {lazy_rows}")
-    clock = GeneratedCodeClock()
     built = {v: _step_fn(v, init_options, None) for v in variants}
-    steps_fns = {v: step for v, (step, _) in built.items()}
     cfg = built[variants[0]][1]  # every row's model has the same sizes
-    parts: dict[str, list[dict]] = {v: [] for v in variants}
-    losses: dict[str, list[float]] = {v: [] for v in variants}
-    for i, (x, y) in enumerate(gpt_batches(cfg, warmup + steps)):
-        if i == warmup:
-            metrics.reset()
-        for v in variants:
-            clock.take()
-            start = time.perf_counter()
-            losses[v].append(steps_fns[v](x, y))
-            total = time.perf_counter() - start
-            taken = clock.take()
-            parts[v].append({"step": total, "graph": taken["graph"], "matmul": taken["matmul"],
-                             "outside": total - taken["graph"]})
-    results = {}
-    for v in variants:
-        timed = parts[v][warmup:]
-        med = {k: statistics.median(p[k] for p in timed) * 1000 for k in ("step", "graph", "matmul", "outside")}
-        results[v] = {"variant": v, "ms_per_step": med.pop("step"), "paired_ms": med, "losses": losses[v],
-                      "final_loss": losses[v][-1], "steps": steps}
+    rows = {v: (lambda batch, step=step: step(*batch)) for v, (step, _) in built.items()}
+    results = take_turns(rows, list(gpt_batches(cfg, warmup + steps)), warmup)
+    for v, r in results.items():
+        r.update(variant=v, steps=steps)
         if v in LAZY_MLIR_ROWS:
             why = not_compiled(metrics.snapshot(), LAZY_MLIR_ROWS[v][0])
             if why:
-                results[v]["failed"] = why
+                r["failed"] = why
     return results
 
 

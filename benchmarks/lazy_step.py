@@ -133,3 +133,37 @@ class GeneratedCodeClock:
         for part in self.seconds:
             self.seconds[part] = 0.0
         return taken
+
+
+PAIRED_PARTS = ("graph", "matmul", "outside")
+
+
+def take_turns(rows: dict, batches: list, warmup: int) -> dict[str, dict]:
+    """Runs ``rows`` (name -> step(batch) returning the loss) in this process,
+    one step of each in turn per batch, so that machine drift hits them
+    alike. Per row: ``ms_per_step``, the medians of PAIRED_PARTS in
+    ``paired_ms`` (GeneratedCodeClock's parts; ``outside`` is the rest of the
+    step), first step seconds and the losses. lazy_mlir's metrics are reset
+    once the warm-up steps are done."""
+    from lazy_mlir import metrics
+    clock = GeneratedCodeClock()
+    parts = {name: [] for name in rows}
+    losses = {name: [] for name in rows}
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            metrics.reset()
+        for name, step in rows.items():
+            clock.take()
+            start = time.perf_counter()
+            losses[name].append(step(batch))
+            total = time.perf_counter() - start
+            taken = clock.take()
+            parts[name].append({"step": total, **taken, "outside": total - taken["graph"]})
+    results = {}
+    for name in rows:
+        timed = parts[name][warmup:]
+        results[name] = {"ms_per_step": statistics.median(p["step"] for p in timed) * 1000,
+                         "paired_ms": {k: statistics.median(p[k] for p in timed) * 1000 for k in PAIRED_PARTS},
+                         "first_step_s": parts[name][0]["step"], "losses": losses[name],
+                         "final_loss": losses[name][-1]}
+    return results

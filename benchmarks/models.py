@@ -29,7 +29,7 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import SPLIT_HEADER, GeneratedCodeClock, StepSplit, backing_device, not_compiled, split_cells
+from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells, take_turns
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
@@ -109,31 +109,12 @@ def run_paired(name: str, variants: list[str], steps: int, warmup: int) -> dict:
     (at most one lazy_mlir row), with the time in generated code split out."""
     if sum(v.startswith("lazy_mlir") for v in variants) > 1:
         raise SystemExit("--paired takes at most one lazy_mlir row")
-    clock = GeneratedCodeClock()
     rows = {v: _make_step(name, v) for v in variants}
     batches = rows[variants[0]][1](warmup + steps)
-    times = {v: [] for v in variants}
-    graph = {v: [] for v in variants}
-    losses = {v: [] for v in variants}
-    for i, batch in enumerate(batches):
-        if i == warmup and any(v.startswith("lazy_mlir") for v in variants):
-            from lazy_mlir import metrics
-            metrics.reset()
-        for v in variants:
-            clock.take()
-            start = time.perf_counter()
-            losses[v].append(rows[v][0](batch))
-            times[v].append(time.perf_counter() - start)
-            graph[v].append(clock.take()["graph"])
-    results = {}
-    for v in variants:
-        results[v] = {"ms_per_step": statistics.median(times[v][warmup:]) * 1000, "first_step_s": times[v][0],
-                      "final_loss": losses[v][-1],
-                      "graph_ms": statistics.median(graph[v][warmup:]) * 1000,
-                      "outside_ms": statistics.median(t - g for t, g in zip(times[v][warmup:], graph[v][warmup:]))
-                      * 1000}
+    results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup)
+    for v, r in results.items():
         if v.startswith("lazy_mlir"):
-            results[v].update(_lazy_checks(v, steps))
+            r.update(_lazy_checks(v, steps))
     return results
 
 
@@ -191,12 +172,13 @@ def main():
                 print(f"{name:<10}{variant:<18}  FAILED: {r['failed']}")
                 continue
             ms = r["ms_per_step"]
+            detail_cells = (f"{r['paired_ms']['graph']:>8.2f}{r['paired_ms']['outside']:>9.2f}" if args.paired
+                            else split_cells(r.get("split_ms")))
             print(f"{name:<10}{variant:<18}{ms:>9.2f}"
                   + "".join(f"{ms / base if base else float('nan'):>{w}.2f}" for base, w in zip(bases, (8, 9, 9)))
                   + f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
                   f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
-                  + (f"{r['graph_ms']:>8.2f}{r['outside_ms']:>9.2f}" if args.paired else split_cells(r.get('split_ms')))
-                  + f"{r['final_loss']:>9.4f}")
+                  + detail_cells + f"{r['final_loss']:>9.4f}")
             for where, n in r.get("syncs", {}).items():
                 print(f"{'':<28}sync: {n / args.steps:g}/step at {where}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
