@@ -11,6 +11,10 @@ import pytest
 _SESSION_CACHE = tempfile.mkdtemp(prefix="lazy_mlir_test_cache_")
 os.environ["LAZY_MLIR_CACHE_DIR"] = _SESSION_CACHE
 atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+# Tests check the generated code at each new size in the step that brings
+# it: generic compiles wait in the step (the default, compiling them in the
+# background meanwhile running TorchScript, is test_background_compile's).
+os.environ["LAZY_MLIR_BACKGROUND_COMPILE"] = "0"
 
 import lazy_mlir  # noqa: E402
 from lazy_mlir import compile_cache, metrics, shape_generic  # noqa: E402

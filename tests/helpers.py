@@ -48,6 +48,7 @@ def assert_compiled(s: dict | None = None, calls: int = 1) -> None:
     back to TorchScript (equal numbers alone would not show that)."""
     s = s or metrics.snapshot()
     assert s["groups_fallen_back"] == {}, s["groups_fallen_back"]
+    assert s["interpreted_group_calls"] == 0, metrics.report()  # ran TorchScript while compiling
     assert s["compiled_group_calls"] >= calls, metrics.report()
 
 

@@ -18,14 +18,14 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import compilable, config, dump, fused_optimizer, group_compiler, lazy_kernels, metrics, module_ties
+from . import background, compilable, config, dump, fused_optimizer, group_compiler, lazy_kernels, metrics, module_ties
 from . import steady_state, step_errors
 from . import syncs
 from . import _C
 from .steady_state import prepare
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
-__all__ = ["init", "prepare", "metrics", "config", "zero"]
+__all__ = ["init", "prepare", "wait_for_compiles", "metrics", "config", "zero"]
 
 
 def init(level: str = "O1", **options) -> config.Config:
@@ -60,6 +60,13 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_ir_reuse(cfg.reuse_ir)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Waits for the shape-generic compiles running in the background
+    (``Config.background_compile``); False if ``timeout`` seconds passed
+    first. Each group switches to its new code at its next run."""
+    return background.wait(timeout)
 
 
 def _init_ts_backend(device: str) -> None:

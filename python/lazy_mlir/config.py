@@ -53,6 +53,11 @@ class Config:
     # and serves later sizes from that code; "static" compiles every size
     # apart. LAZY_MLIR_DYNAMIC sets it.
     dynamic: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_DYNAMIC") or "auto")
+    # At O1, a shape-generic compile (a group at a new size) runs on a worker
+    # thread, and the group runs in TorchScript until its code is ready, instead
+    # of the step waiting for the compile (see background). LAZY_MLIR_BACKGROUND_COMPILE=0 turns it off.
+    background_compile: bool = dataclasses.field(
+        default_factory=lambda: _env_flag("LAZY_MLIR_BACKGROUND_COMPILE", True))
     # Before a model's first training forward and an optimizer's first step,
     # do what lazy_mlir.prepare() does, so the first step traces (and
     # compiles) the steady-state graph (see steady_state). LAZY_MLIR_AUTO_PREPARE=0 turns it off.
@@ -79,7 +84,8 @@ class Config:
 
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
-                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "auto_prepare", "fuse_optimizer")
+                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile", "auto_prepare",
+                   "fuse_optimizer")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -4,7 +4,8 @@ GroupExecutable lowers its group through MLIR at the group's first run (the
 inputs fix shapes and dtypes; LTC keys graphs by shape, so they do not
 change) and from then on calls the generated code directly.
 TorchScriptExecutable runs the group's own TorchScript subgraph: the
-fallback for a group that fails to lower at O1.
+fallback for a group that fails to lower at O1, and the stand-in for a group
+whose shape-generic code compiles in the background (``background``).
 """
 from __future__ import annotations
 
@@ -12,23 +13,26 @@ import dataclasses
 import sys
 import time
 import warnings
+from concurrent.futures import Future
 
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import compile_cache, config, group_key, metrics, recompiles, shape_generic
+from . import background, compile_cache, config, group_key, metrics, recompiles, shape_generic
 from .group_lowering import lower_group
 
 
 class TorchScriptExecutable:
     """Runs a fusion group's subgraph with the TorchScript graph executor;
-    each run counts as a fallback unless ``fallback`` is False (a setup
-    graph's group: nothing worth compiling)."""
+    each run is counted by ``count`` (the name): a fallback by default, a run
+    while compiling (``metrics.count_interpreted_group_call``), or nothing
+    (None: a setup graph's group, nothing worth compiling)."""
 
-    def __init__(self, graph: torch._C.Graph, name: str, fallback: bool = True):
+    def __init__(self, graph: torch._C.Graph, name: str, count=metrics.count_fallback_group_call):
         graph = graph.copy()
         outputs = list(graph.outputs())
         self.num_outputs = len(outputs)
+        self.shared = _shared_outputs(outputs)
         if self.num_outputs != 1:
             # A TorchScript function returns one value: pack several in a tuple.
             for _ in outputs:
@@ -39,13 +43,29 @@ class TorchScriptExecutable:
             graph.registerOutput(tup.output())
         self.function = torch._C._create_function_from_graph(name.replace(".", "_"), graph)
         self.name = name
-        self.fallback = fallback
+        self.count = count
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.fallback:
-            metrics.count_fallback_group_call(self.name)
+        if self.count is not None:
+            self.count(self.name)
         out = self.function(*inputs)
-        return [out] if self.num_outputs == 1 else list(out)
+        if self.num_outputs == 1:
+            return [out]
+        out = list(out)
+        for k, j in self.shared:
+            out[k] = out[j]
+        return out
+
+
+def _shared_outputs(outputs: list[torch._C.Value]) -> list[tuple[int, int]]:
+    """(k, j): output k is ``detach_copy`` of output j. The generated code
+    returns one tensor for both (a parameter and its functionalization base:
+    steady_state); TorchScript copies. The next graph's inputs must alias as
+    after generated code, or it is another graph (and its groups another
+    family of shapes) than every step after."""
+    position = {v: j for j, v in enumerate(outputs)}
+    return [(k, position[v.node().inputsAt(0)]) for k, v in enumerate(outputs)
+            if v.node().kind() == "aten::detach_copy" and v.node().inputsAt(0) in position]
 
 
 class GroupLoweringError(RuntimeError):
@@ -112,6 +132,15 @@ class ScalarGuards:
         return True
 
 
+@dataclasses.dataclass
+class _Compiling:
+    """A group's shape-generic code compiling on the worker thread: the group
+    runs in TorchScript until ``future`` is done (its result: the code, or
+    None when that compile failed and the static form is to be compiled)."""
+    future: Future
+    started_here: bool  # this group's sizes asked for it (else it waits on its family's)
+
+
 class GroupExecutable:
     def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str, num_ops: int):
         self.graph = graph.copy()
@@ -166,6 +195,11 @@ class GroupExecutable:
         return self.lowered.run(inputs)
 
     def _use(self, lowered):
+        if isinstance(lowered, _Compiling):
+            self.lowered, self._compiling = None, lowered
+            self._interpreter = TorchScriptExecutable(self.graph, self.name, metrics.count_interpreted_group_call)
+            self._run = self._while_compiling
+            return
         self.lowered = lowered
         if lowered is None:
             self._run = TorchScriptExecutable(self.graph, self.name)
@@ -174,6 +208,18 @@ class GroupExecutable:
             self._run = self._checked
         else:
             self._run = self._guarded  # the hot path: a layout check, then the generated code
+
+    def _while_compiling(self, inputs):
+        compiling = self._compiling
+        if not compiling.future.done():
+            return self._interpreter(inputs)
+        self._compiling = self._interpreter = None
+        generic = None if compiling.future.exception() is not None else compiling.future.result()
+        if generic is not None and compiling.started_here:
+            recompiles.add_variant(self._family, self.graph, self.name, inputs, generic.guards, self.describe,
+                                   self.cfg, self.cfg.key())
+        # as at a first run: the generic code if it admits these sizes, else a compile
+        return self._for_layout(inputs)
 
     def _checked(self, inputs):
         if not self.layout.check(*inputs):
@@ -203,6 +249,9 @@ class GroupExecutable:
                 self._fail(GroupLoweringError(f"it failed before, in this environment ({failed}); "
                                               "LAZY_MLIR_CACHE=0 or an emptied cache folder retries it"))
                 return None
+            compiling = self._in_background(inputs, sighting)
+            if compiling is not None:
+                return compiling
             recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
                                       self.cfg.key())
             lowered = self._compile(inputs, sighting)
@@ -221,8 +270,10 @@ class GroupExecutable:
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
         try:
-            lowered = ((sighting and self._compile_generic(inputs, sighting))
-                       or lower_group(self.graph, inputs, self.name, self.cfg))
+            with background.compile_lock:  # after any compile running in the background
+                planned = sighting and shape_generic.plan(sighting, inputs)
+                lowered = ((planned and self._compile_generic(inputs, sighting, planned))
+                           or lower_group(self.graph, inputs, self.name, self.cfg))
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
             self._fail(exc)
@@ -240,22 +291,57 @@ class GroupExecutable:
                                      "TorchScript.") from exc
         report_failure(self.name, self.describe, exc)
 
-    def _compile_generic(self, inputs, sighting):
-        """The shape-generic form when the group was seen at other sizes; None
-        (compile the static form) when it cannot be made or fails."""
+    def _in_background(self, inputs, sighting):
+        """At O1 with ``Config.background_compile``, a shape-generic compile
+        runs on the worker thread while the group runs in TorchScript: a
+        ``_Compiling`` for this group's sizes, or for its family's compile
+        already running (a third size waits for the second's code). None: a
+        compile here and now (no generic form planned, not in the background,
+        or the other size came in this graph's run: its first, which compiles
+        its other groups anyway)."""
+        if sighting is None or not self.cfg.background_compile or self.cfg.level != "O1":
+            return None
+        if shape_generic.seen_in_this_execution(sighting):
+            return None
+        future = background.pending(sighting.family)
+        if future is not None:
+            return _Compiling(future, started_here=False)
         planned = shape_generic.plan(sighting, inputs)
         if planned is None:
             return None
+        recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
+                                  self.cfg.key())
         if self.cfg.progress:
+            print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic in the background "
+                  f"({self.num_ops} ops); it runs in TorchScript until then", file=sys.stderr, flush=True)
+        # What the compile reads of the inputs: the values of 0-d ones, copied
+        # (later steps may overwrite them), and sizes and strides, held by a
+        # view of each (TorchScript resizes an out= input in place, as
+        # arange's: the compile must see the sizes LTC traced).
+        example = [t.clone() if t.dim() == 0 else t.as_strided(t.shape, t.stride(), t.storage_offset())
+                   for t in inputs]
+        return _Compiling(background.submit(sighting.family,
+                                            lambda: self._compile_generic(example, sighting, planned, True)),
+                          started_here=True)
+
+    def _compile_generic(self, inputs, sighting, planned, in_background=False):
+        """The shape-generic form planned by ``shape_generic.plan``; None
+        (compile the static form) when it fails."""
+        start = time.perf_counter()
+        if self.cfg.progress and not in_background:
             print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic", file=sys.stderr,
                   flush=True)
         try:
             lowered = shape_generic.compile_generic(self.graph, inputs, self.name, self.cfg, sighting, planned)
         except Exception as exc:  # noqa: BLE001 - the static form is always there to fall back on
+            shape_generic.give_up(sighting.family)
             metrics.count_cache("generic_failed")
             warnings.warn(f"lazy_mlir: fusion group {self.name} could not be compiled shape-generic "
                           f"({type(exc).__name__}: {exc}); compiling it for these sizes only", RuntimeWarning,
                           stacklevel=1)
             return None
         metrics.count_cache("generic_compile")
+        if self.cfg.progress and in_background:
+            print(f"lazy_mlir: {self.name} compiled shape-generic in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
         return lowered

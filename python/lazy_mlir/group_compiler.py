@@ -44,7 +44,7 @@ def _short_source(source: str) -> str:
 
 def compile_group(graph: torch._C.Graph, name: str):
     if steady_state.settling:  # a setup graph of in-place mul_(1): nothing worth compiling
-        return TorchScriptExecutable(graph, name, fallback=False)
+        return TorchScriptExecutable(graph, name, count=None)
     ops = describe_ops(graph)
     try:
         if before_build is not None:

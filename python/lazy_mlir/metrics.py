@@ -22,6 +22,7 @@ _groups: dict[str, int] = {}          # group name -> op count
 _failure_reasons: dict[str, str] = {}  # group name -> why it runs in TorchScript (kept across reset)
 _fallen_back: dict[str, str] = {}      # groups that failed or ran in TorchScript since reset -> why
 _fallback_group_calls = 0              # runs of such groups since reset
+_interpreted_group_calls = 0           # runs in TorchScript while their code compiled in the background
 _stage_seconds: collections.Counter = collections.Counter()
 _stage_runs: collections.Counter = collections.Counter()  # how often each stage ran
 _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss"
@@ -64,6 +65,13 @@ def count_fallback_group_call(name: str) -> None:
     with _lock:
         _fallback_group_calls += 1
         _fallen_back[name] = _failure_reasons.get(name, "failed to compile")
+
+
+def count_interpreted_group_call(name: str) -> None:
+    """A group ran its TorchScript subgraph while its code compiled in the background."""
+    global _interpreted_group_calls
+    with _lock:
+        _interpreted_group_calls += 1
 
 
 def record_group(name: str, num_ops: int) -> None:
@@ -164,6 +172,7 @@ def snapshot() -> dict:
         groups_per_graph = collections.Counter(g.split(".")[0] for g in _groups)
         fallen_back = dict(_fallen_back)
         fallback_group_calls = _fallback_group_calls
+        interpreted_group_calls = _interpreted_group_calls
         fallback_sources = dict(_fallback_sources)
         syncs = dict(_syncs)
         stages = dict(_stage_seconds)
@@ -198,8 +207,10 @@ def snapshot() -> dict:
         "group_calls": stats["group_calls"],
         # The two that say whether compilation happened: runs of generated
         # code, and the groups that failed or ran in TorchScript (with why).
-        "compiled_group_calls": stats["group_calls"] - fallback_group_calls,
+        "compiled_group_calls": stats["group_calls"] - fallback_group_calls - interpreted_group_calls,
         "groups_fallen_back": fallen_back,
+        # runs in TorchScript while the group's code compiled in the background (not failures)
+        "interpreted_group_calls": interpreted_group_calls,
         "collective_bytes": collective_bytes(),
         "group_cache_hits": group_cache.get("hit", 0),
         "group_cache_disk_hits": group_cache.get("disk_hit", 0),
@@ -225,7 +236,7 @@ def snapshot() -> dict:
 
 
 def reset() -> None:
-    global _fallback_group_calls
+    global _fallback_group_calls, _interpreted_group_calls
     from . import _C
     ltc_metrics.reset()
     _C.reset_stats()
@@ -237,6 +248,7 @@ def reset() -> None:
         _groups.clear()
         _fallen_back.clear()
         _fallback_group_calls = 0
+        _interpreted_group_calls = 0
         _stage_seconds.clear()
         _stage_runs.clear()
         _setup.clear()
@@ -257,7 +269,9 @@ def report() -> str:
                                                       if s["rebinds"] else ""),
         f"  graph executions     {s['graph_executions']}  ({s['executions_per_mark_step']:.2f} per mark_step)",
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
-        f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code)",
+        f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code"
+        + (f", {s['interpreted_group_calls']} TorchScript while compiling in the background"
+           if s["interpreted_group_calls"] else "") + ")",
         f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
         f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_disk_hits']} from disk, "
         f"{s['group_cache_misses']} misses",

@@ -37,7 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from . import compile_cache, config, group_key, metrics
+from . import compile_cache, config, group_key, metrics, syncs
 from .group_lowering import LoweredGroup, fake_inputs_of, load_group, lower_group
 from .lowering.ts_to_fx import size_constants
 
@@ -177,11 +177,13 @@ class Sighting:
     constants: list
     shapes: list[tuple[int, ...]]
     scalars: dict[int, int]
+    execution: int = 0  # the graph execution it was seen in (syncs.execution)
 
 
 _observed: dict[str, list[Sighting]] = {}  # family -> sizes seen (the first MAX_OBSERVATIONS)
 _generic: dict[str, list[GenericGroup]] = {}
 _families_read: set[str] = set()  # families whose variants in the cache folder were read
+_given_up: set[str] = set()  # families whose generic compile failed: static from then on
 MAX_OBSERVATIONS = 16
 
 
@@ -203,7 +205,7 @@ def sight(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config)
     if not enabled(cfg):
         return None
     return Sighting(family(graph, inputs, cfg), size_constants(graph), [tuple(t.shape) for t in inputs],
-                    _integer_scalars(inputs))
+                    _integer_scalars(inputs), syncs.execution)
 
 
 def lookup(sighting: Sighting, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
@@ -301,6 +303,12 @@ def _load(variant: GenericGroup, family: str, inputs: list[torch.Tensor], name: 
     return True
 
 
+def seen_in_this_execution(sighting: Sighting) -> bool:
+    """Whether another size of its family came in the same graph execution
+    (T5's encoder and decoder attention in one step)."""
+    return any(o.execution == sighting.execution for o in _observed.get(sighting.family, ()))
+
+
 def observe(sighting: Sighting) -> None:
     """Remembers the sizes a family was seen at."""
     seen = _observed.setdefault(sighting.family, [])
@@ -315,7 +323,7 @@ def plan(sighting: Sighting, inputs: list[torch.Tensor]):
     None. Dims that ever varied stay symbolic (automatic dynamic)."""
     shapes = sighting.shapes
     seen = [o for o in _observed.get(sighting.family, ()) if o.shapes != shapes]
-    if not seen:
+    if not seen or sighting.family in _given_up:
         return None
     points = seen + [sighting]
     dynamic = {(i, d) for i, shape in enumerate(shapes) for d in range(len(shape))
@@ -384,6 +392,12 @@ def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str
     return lowered
 
 
+def give_up(family: str) -> None:
+    """A family whose generic compile failed compiles every size static
+    (not the same failing compile again at each new size)."""
+    _given_up.add(family)
+
+
 def _has_expr(generic) -> bool:
     return isinstance(generic, SizeExpr) or (isinstance(generic, list) and any(isinstance(g, SizeExpr) for g in generic))
 
@@ -398,3 +412,4 @@ def clear() -> None:
     _observed.clear()
     _generic.clear()
     _families_read.clear()
+    _given_up.clear()

@@ -88,6 +88,7 @@ def _check_ltc_fallbacks(source: str) -> None:
 
 
 _warned: set[str] = set()
+execution = 0  # serial number of the graph execution running now (or last), never reset
 
 
 def on_execute() -> bool:
@@ -97,6 +98,8 @@ def on_execute() -> bool:
     ``ltc_thread_pool``): mark_step's and value reads cannot be told apart.
     Returns True under mark_step: its sync takes every pending graph, which
     buffer donation relies on (lazy_backend/buffer_donation.h)."""
+    global execution
+    execution += 1
     frame, user, marking = sys._getframe(0).f_back, None, False
     while frame is not None and not marking:
         marking = frame.f_code in _STEP_CODES

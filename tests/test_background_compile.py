@@ -1,0 +1,182 @@
+"""A group at a new size runs in TorchScript while its shape-generic code
+compiles on the worker thread (``Config.background_compile``), then runs
+that code; every step equals eager."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+import lazy_mlir
+from lazy_mlir import background, metrics, shape_generic
+from helpers import LAZY, assert_compiled
+from test_shape_generic import Tagger
+
+
+@pytest.fixture
+def gated(lazy_level, monkeypatch):
+    """No disk cache; generic compiles wait for ``gate`` (set by the test)
+    and are listed in ``calls``."""
+    monkeypatch.setattr(lazy_mlir.config.current, "cache", False)
+    monkeypatch.setattr(lazy_mlir.config.current, "background_compile", True)
+    gate, calls = threading.Event(), []
+    real = shape_generic.compile_generic
+
+    def waiting(graph, inputs, name, cfg, sighting, planned):
+        calls.append(name)
+        assert gate.wait(timeout=120)
+        return real(graph, inputs, name, cfg, sighting, planned)
+
+    monkeypatch.setattr(shape_generic, "compile_generic", waiting)
+    yield gate, calls
+    gate.set()
+    lazy_mlir.wait_for_compiles()
+
+
+def _steps(model, opt, shapes, device):
+    """Losses and, on the lazy device, each step's metrics."""
+    losses, snapshots = [], []
+    for b, t in shapes:
+        ids = torch.randint(0, 50, (b, t), generator=torch.Generator().manual_seed(b * 100 + t))
+        metrics.reset()
+        loss = model(ids.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == LAZY:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+    return losses, snapshots
+
+
+def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
+    gate, calls = gated
+    switch_interval = sys.getswitchinterval()
+    torch.manual_seed(0)
+    eager = Tagger(width=23).double()
+    lazy = Tagger(width=23).double()
+    lazy.load_state_dict(eager.state_dict())
+    lazy.to(LAZY)
+    opts = torch.optim.SGD(eager.parameters(), lr=0.1), torch.optim.SGD(lazy.parameters(), lr=0.1)
+
+    before = [(2, 8), (2, 8), (2, 12), (2, 12), (2, 16)]  # 12: a second size; 16: a third, while it compiles
+    after = [(2, 16), (2, 12), (2, 20), (2, 8)]
+    want = _steps(eager, opts[0], before + after, "cpu")[0]
+    got, waiting = _steps(lazy, opts[1], before, LAZY)
+    assert calls and len(calls) == 1, calls  # the third size waits for the second's compile
+    for s in waiting[:2]:
+        assert_compiled(s)
+    for s in waiting[2:]:  # its TorchScript subgraph, counted as such, not as a failure
+        assert s["interpreted_group_calls"] == 1 and s["compiled_group_calls"] == 0, metrics.report()
+        assert s["groups_fallen_back"] == {} and s["generic_compiles"] == 0
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0
+    assert "TorchScript while compiling in the background" in metrics.report()
+    # the GIL changes hands often while the compile runs (the trace drops it in every op)
+    assert sys.getswitchinterval() == pytest.approx(background.SWITCH_INTERVAL)
+
+    gate.set()
+    assert lazy_mlir.wait_for_compiles(timeout=300)
+    assert sys.getswitchinterval() == pytest.approx(switch_interval)
+    more, ready = _steps(lazy, opts[1], after, LAZY)
+    for s in ready:  # every size, 8 aside, from the one generic compile
+        assert_compiled(s)
+        assert s["generic_compiles"] == 0 and s["graph_executions"] == 1
+    assert [s["generic_hits"] for s in ready[1:3]] == [1, 1], ready
+    assert len(calls) == 1
+    torch.testing.assert_close(torch.tensor(got + more), torch.tensor(want), rtol=1e-12, atol=1e-12)
+
+
+def test_a_failed_background_compile_compiles_the_static_form(gated, monkeypatch):
+    gate, _ = gated
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected background failure")
+
+    monkeypatch.setattr(shape_generic, "lower_group", broken)
+    torch.manual_seed(0)
+    eager = Tagger(width=19).double()
+    lazy = Tagger(width=19).double()
+    lazy.load_state_dict(eager.state_dict())
+    lazy.to(LAZY)
+    opts = torch.optim.SGD(eager.parameters(), lr=0.1), torch.optim.SGD(lazy.parameters(), lr=0.1)
+    shapes = [(2, 8), (2, 8), (2, 12), (2, 12), (2, 16)]
+    want = _steps(eager, opts[0], shapes, "cpu")[0]
+    got, steps = _steps(lazy, opts[1], shapes[:3], LAZY)
+    assert steps[2]["interpreted_group_calls"] == 1
+    with pytest.warns(RuntimeWarning, match=r"could not be compiled shape-generic \(RuntimeError: injected"):
+        gate.set()
+        lazy_mlir.wait_for_compiles(timeout=300)
+    more, steps = _steps(lazy, opts[1], shapes[3:], LAZY)
+    # length 12 compiles static at its next run; 16 too: the family is not tried generic again
+    for s in steps:
+        assert_compiled(s)
+        assert s["stage_runs"].get("ts_to_fx") == 1 and s["generic_compiles"] == 0, s["stage_runs"]
+    assert [s["generic_failed"] for s in steps] == [0, 0]
+    torch.testing.assert_close(torch.tensor(got + more), torch.tensor(want), rtol=1e-12, atol=1e-12)
+
+
+def test_a_process_ending_while_a_compile_runs_waits_for_it(tmp_path):
+    """A worker thread stopped inside torch's C++ code at interpreter exit
+    aborts the process ("terminate called without an active exception")."""
+    script = textwrap.dedent("""
+        import sys, time
+        import torch
+        sys.path.insert(0, %r)
+        import lazy_mlir
+        from lazy_mlir import metrics, shape_generic
+        from test_shape_generic import Tagger
+        lazy_mlir.init("O1", cache_dir=%r, progress=True, background_compile=True)
+        real = shape_generic.compile_generic
+        def slow(*args):
+            time.sleep(2)
+            out = real(*args)
+            print("generic compiled", file=sys.stderr, flush=True)
+            return out
+        shape_generic.compile_generic = slow
+        model = Tagger(width=29).to("lazy")
+        for t in (8, 8, 12):
+            model(torch.randint(0, 50, (2, t)).to("lazy")).backward()
+            torch._lazy.mark_step()
+        assert metrics.snapshot()["interpreted_group_calls"] == 1, metrics.report()
+        print("training done", file=sys.stderr, flush=True)
+    """) % (os.path.dirname(__file__), str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tail = proc.stderr[proc.stderr.index("training done"):]
+    assert "waiting for 1 background compile(s) to finish before exit" in tail, proc.stderr[-3000:]
+    assert "generic compiled" in tail
+
+
+@pytest.fixture
+def repeat_in_torchscript():
+    """aten::repeat left to TorchScript: it splits a graph into two groups."""
+    lazy_mlir.compilable.deny("aten::repeat")
+    lazy_mlir.init("O1", cache=False, background_compile=True, progress=False)
+    yield
+    lazy_mlir.compilable.allow("aten::repeat")
+    lazy_mlir.init("O1")
+
+
+def test_a_graph_first_run_compiles_its_groups_of_one_family_in_the_step(lazy_level, repeat_in_torchscript):
+    """Two groups of one family at two sizes in one graph (T5's encoder and
+    decoder attention): its first run compiles anyway, so the second size
+    compiles its generic code there and then, not in the background."""
+    x = torch.randn(4, 9, dtype=torch.float64)
+
+    def step(x):
+        h = x * 3 + 1  # group 1, (4, 9)
+        k = h.repeat(1, 2) * 3 + 1  # TorchScript, then group 2: the same ops at (4, 18)
+        return h, h.sum(), k, k.sum()
+
+    metrics.reset()
+    got = step(x.to(LAZY))
+    torch._lazy.mark_step()
+    for g, w in zip(got, step(x)):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-14, atol=1e-14)
+    s = metrics.snapshot()
+    assert s["groups_built"] == 2 and s["generic_compiles"] == 1, metrics.report()
+    assert_compiled(s, calls=2)
