@@ -3,14 +3,21 @@
 A model nobody on the team wrote (the test zoo's Hugging Face GPT-2 or
 Llama, fp32, AdamW, ``lazy_mlir.prepare``) trains at lengths 8, 16, 12, 14
 and 10, once with ``dynamic="static"`` (every length
-compiles its own groups) and once with ``dynamic="auto"`` (the second length
-compiles shape-generic groups, later lengths run them). Each variant runs in
-its own process with empty lazy_mlir and Inductor caches, so both start cold;
-then ``auto_warm``, a second ``auto`` process on the caches the first left,
-shows what a restart costs (generic variants are stored too).
+compiles its own groups), once with ``dynamic="auto"`` and
+``background_compile=False`` (``auto_blocking``: the second length's step
+compiles shape-generic groups, later lengths run them) and once with both
+on (``auto``, the default: the shape-generic compile runs on a worker
+thread while the steps at new lengths run in TorchScript). Each variant
+runs in its own process with empty lazy_mlir and Inductor caches, so all
+start cold; then ``auto_warm``, a second ``auto`` process on the caches the
+first left, shows what a restart costs (generic variants are stored too).
 
-Per length and variant: the first step's seconds (tracing + any compile);
-then, once every length has compiled, the median ms of ``--steps`` steps at
+Per length and variant: the first step's seconds (tracing + any compile;
+"TS" marks a step run in TorchScript while the generic code compiled);
+per variant, the seconds still spent waiting for background compiles after
+the first steps (``lazy_mlir.wait_for_compiles``), and how long the second
+steps at a length took when they too ran in TorchScript. Then, once every length
+has compiled, the median ms of ``--steps`` steps at
 that length, each paired with a step at the first length (static code in
 both variants), and the median of the per-pair ratios: on a loaded 2-core
 machine step times drift several-fold within a minute, the pairs do not.
@@ -19,7 +26,8 @@ cores, another busy process stalls every parallel region (a step at a
 static length took 180 ms instead of 13), and generic code, with other
 loops, suffered more (the 2x "generic price" once reported here).
 Per variant: groups compiled, served by generic code. A variant with an
-eager fallback or a group run in TorchScript gets no figures. Losses must
+eager fallback or a group run in TorchScript (other than while its code
+compiled in the background, before the timed steps) gets no figures. Losses must
 agree between the variants (fp32 kernels: 1e-4).
 
     .venv/bin/python benchmarks/shapes.py [--model gpt2] [--steps 8] [--lengths 8,16,12,14,10]
@@ -37,10 +45,10 @@ import tempfile
 import time
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
-VARIANTS = ("static", "auto", "auto_warm")
+VARIANTS = ("static", "auto_blocking", "auto", "auto_warm")
 
 
-def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads: int) -> dict:
+def child(model_name: str, variant: str, lengths: list[int], steps: int, threads: int) -> dict:
     import torch
     torch.set_num_threads(threads)
     sys.path.insert(0, ZOO_DIR)
@@ -48,7 +56,8 @@ def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads
 
     import lazy_mlir
     from lazy_mlir import metrics
-    lazy_mlir.init("O1", dynamic=dynamic.removesuffix("_warm"), progress=False)
+    lazy_mlir.init("O1", dynamic="static" if variant == "static" else "auto",
+                   background_compile=variant != "auto_blocking", progress=False)
     v, spec = zoo.base_variant(model_name), zoo.SPECS[model_name]
     model = zoo.make_model(v, torch.float32).to("lazy")
     opt = spec.optimizer(model)
@@ -66,22 +75,33 @@ def child(model_name: str, dynamic: str, lengths: list[int], steps: int, threads
         losses.append(loss.item())
         return time.perf_counter() - start
 
+    def interpreted():
+        return metrics.snapshot()["interpreted_group_calls"]
+
     rows, losses = [], []
     metrics.reset()
     for length in lengths:  # first steps: tracing and compiling
-        rows.append({"length": length, "first_s": step(length)})
-        step(length)  # a second step of the length: the code it runs from now on
-    s = metrics.snapshot()
-    if s["fallback_count"] or s["groups_fallen_back"]:
-        raise RuntimeError(f"not all compiled code\n{metrics.report()}")
-    totals = {k: s[k] for k in ("groups_built", "generic_hits", "generic_compiles", "generic_disk_hits",
-                                "group_cache_disk_hits")}
-    totals["groups_compiled"] = s["stage_runs"].get("ts_to_fx", 0)
+        before = interpreted()
+        rows.append({"length": length, "first_s": step(length), "interpreted": interpreted() > before})
+        before = interpreted()
+        second_s = step(length)  # a second step of the length: the code it runs from now on
+        if interpreted() > before:
+            rows[-1]["second_interpreted_ms"] = 1e3 * second_s
+    start = time.perf_counter()
+    lazy_mlir.wait_for_compiles()
+    waited_s = time.perf_counter() - start
+    before_timed = interpreted()
     for row in rows:  # timed steps, each paired with one at the first length
         pairs = [(step(row["length"]), step(lengths[0])) for _ in range(steps)]
         row["ms"] = 1e3 * statistics.median(t for t, _ in pairs)
         row["per_first"] = statistics.median(t / f for t, f in pairs)
-    return {"rows": rows, "losses": losses, **totals}
+    s = metrics.snapshot()
+    if s["fallback_count"] or s["groups_fallen_back"] or s["interpreted_group_calls"] != before_timed:
+        raise RuntimeError(f"not all compiled code (or TorchScript runs in the timed steps)\n{metrics.report()}")
+    totals = {k: s[k] for k in ("groups_built", "generic_hits", "generic_compiles", "generic_disk_hits",
+                                "group_cache_disk_hits", "interpreted_group_calls")}
+    totals["groups_compiled"] = s["stage_runs"].get("ts_to_fx", 0)
+    return {"rows": rows, "losses": losses, "waited_s": waited_s, **totals}
 
 
 def run(variant: str, args, folders: list[str]) -> dict:
@@ -106,7 +126,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.model, args.child, lengths, args.steps, args.threads)))
         return
-    folders = {v: [tempfile.mkdtemp(prefix=f"shapes_{v}_") for _ in range(2)] for v in ("static", "auto")}
+    folders = {v: [tempfile.mkdtemp(prefix=f"shapes_{v}_") for _ in range(2)] for v in VARIANTS[:3]}
     folders["auto_warm"] = folders["auto"]  # the second process on the first one's caches
     try:
         results = {variant: run(variant, args, folders[variant]) for variant in VARIANTS}
@@ -114,27 +134,40 @@ def main() -> None:
         for pair in folders.values():
             for folder in pair:
                 shutil.rmtree(folder, ignore_errors=True)
-    static, auto, warm = (results[v] for v in VARIANTS)
-    drift = max(abs(a - b) for other in (auto, warm) for a, b in zip(static["losses"], other["losses"]))
+    static = results["static"]
+    drift = max(abs(a - b) for v in VARIANTS[1:] for a, b in zip(static["losses"], results[v]["losses"]))
     if drift > 1e-4:
         raise SystemExit(f"losses differ between the variants by {drift:.2e}")
     print(f"{args.model}, fp32, AdamW, {args.threads} thread(s), {args.steps} timed pairs per length; "
           f"max loss difference between variants {drift:.1e}")
-    print("| length | static first step s | auto first step s | auto, 2nd process: first step s "
-          "| static ms/step | auto ms/step | static / first length | auto / first length |")
-    print("|---|---|---|---|---|---|---|---|")
-    for s, a, w in zip(static["rows"], auto["rows"], warm["rows"]):
-        print(f"| {s['length']} | {s['first_s']:.1f} | {a['first_s']:.1f} | {w['first_s']:.1f} | {s['ms']:.1f} "
-              f"| {a['ms']:.1f} | {s['per_first']:.2f} | {a['per_first']:.2f} |")
+    print("| length | " + " | ".join(f"{v}: first step s" for v in VARIANTS) + " | "
+          + " | ".join(f"{v}: step / first length's" for v in VARIANTS[:3]) + " |")
+    print("|---" * (1 + len(VARIANTS) + 3) + "|")
+    for k, length in enumerate(lengths):
+        rows = [results[v]["rows"][k] for v in VARIANTS]
+        firsts = [f"{r['first_s']:.1f}" + (" (TS)" if r["interpreted"] else "") for r in rows]
+        print(f"| {length} | " + " | ".join(firsts) + " | "
+              + " | ".join(f"{r['per_first']:.2f}" for r in rows[:3]) + " |")
     total = {v: sum(r["first_s"] for r in results[v]["rows"]) for v in VARIANTS}
-    print(f"first steps in all: static {total['static']:.1f} s, auto {total['auto']:.1f} s "
-          f"({total['auto'] / total['static']:.2f}x), auto in a 2nd process {total['auto_warm']:.1f} s "
-          f"({total['auto_warm'] / total['auto']:.2f}x auto's)")
+    print("first steps in all: " + ", ".join(f"{v} {total[v]:.1f} s ({total[v] / total['static']:.2f}x static's)"
+                                             for v in VARIANTS))
+    cold = static["rows"][0]["first_s"]
+    ts_steps = [(r["second_interpreted_ms"], r["ms"]) for r in results["auto"]["rows"] if "second_interpreted_ms" in r]
+    if ts_steps:
+        print(f"auto: second steps at a length, run in TorchScript while compiling: median "
+              f"{statistics.median(t for t, _ in ts_steps):.1f} ms/step, against "
+              f"{statistics.median(c for _, c in ts_steps):.1f} ms for the generic code at those lengths later")
+    for v in VARIANTS[1:3]:
+        later = max(r["first_s"] for r in results[v]["rows"][1:])
+        print(f"{v}: slowest first step at a later length {later:.1f} s = {later / cold:.2f}x the cold first "
+              f"step (static's, {cold:.1f} s); {results[v]['waited_s']:.1f} s left to wait for background "
+              f"compiles after the first steps")
     for v in VARIANTS:
         r = results[v]
         print(f"{v}: {r['groups_built']} groups built, {r['groups_compiled']} compiled "
               f"({r['generic_compiles']} shape-generic), {r['generic_hits']} sizes served by generic code "
-              f"({r['generic_disk_hits']} variants from disk), {r['group_cache_disk_hits']} static groups from disk")
+              f"({r['generic_disk_hits']} variants from disk), {r['group_cache_disk_hits']} static groups from disk, "
+              f"{r['interpreted_group_calls']} group runs in TorchScript while compiling")
 
 
 if __name__ == "__main__":
