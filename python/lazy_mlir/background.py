@@ -30,8 +30,9 @@ _workers: list[threading.Thread] = []
 # instead of CPython's 5 ms. The tracing thread drops the GIL inside every
 # torch op it calls; the compile, busy in Python, takes it and would keep it
 # for a whole interval each time: a step of ~1,000 ops then took seconds.
-# HF GPT-2's steps in TorchScript took 6.5 ms alone, and beside its generic
-# compile ~110 ms at 100 us, ~60 ms at 20 us (the compile 8% slower).
+# (One-off check, HF GPT-2: a step in TorchScript took 6.5 ms alone, and
+# beside its generic compile ~110 ms at 100 us, ~60 ms at 20 us, the
+# compile then 8% slower.)
 SWITCH_INTERVAL = 0.00002
 _switch_interval = [sys.getswitchinterval()]  # CPython's, restored when no compile runs
 
