@@ -20,7 +20,11 @@ def _cfg(n_embd: int) -> GPTConfig:
 
 
 def _train(cfg, device, prepare: bool = False):
-    model = make_gpt(cfg).to(device)
+    return _train_model(make_gpt(cfg).to(device), cfg, prepare)
+
+
+def _train_model(model, cfg, prepare: bool = False):
+    device = next(model.parameters()).device
     opt = make_adamw(model)
     if prepare:
         lazy_mlir.prepare(model, opt)
@@ -121,3 +125,45 @@ def test_torch_compile_in_the_same_process(lazy_level):
     assert losses == pytest.approx(eager_losses, rel=1e-6)
     for p, q in zip(params, eager_params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def _forward_hooked() -> bool:
+    from torch.nn.modules import module as nn_module
+    return steady_state._before_forward in nn_module._global_forward_pre_hooks.values()
+
+
+@pytest.fixture
+def own_unsettled(monkeypatch):
+    """Only this test's lazy parameters count as unsettled (others' models,
+    still alive, keep the hook armed for theirs once it ends)."""
+    import weakref
+    before = steady_state._unsettled
+    monkeypatch.setattr(steady_state, "_unsettled", weakref.WeakValueDictionary())
+    yield
+    monkeypatch.undo()
+    if before:
+        steady_state._arm()
+
+
+@pytest.mark.parametrize("width", [26])
+def test_the_global_forward_hook_is_armed_only_while_a_lazy_parameter_is_unsettled(lazy_level, own_unsettled,
+                                                                                     width):
+    """nn.Module's slow path (~3 us per module call) only while needed; a
+    model moved to or built on the lazy device later is still settled."""
+    moved = make_gpt(_cfg(width)).to("lazy")
+    assert _forward_hooked()
+    lazy, misses, _ = _train_model(moved, _cfg(width))
+    assert misses == [1, 0, 0] and not _forward_hooked()
+    assert not steady_state._unsettled
+
+    torch.manual_seed(1)
+    with torch.device("lazy"):
+        built = make_gpt(_cfg(width + 2))  # built on the device: no .to()
+    assert _forward_hooked()
+    _train_model(built, _cfg(width + 2))
+    # settled by the hook (its first step still differs from the second:
+    # parameters built on the device are no aliases of moved tensors)
+    assert built in steady_state._settled and not _forward_hooked()
+
+    frozen = torch.nn.Linear(3, 3).requires_grad_(False).to("lazy")  # nothing to settle: no hook for it
+    assert not _forward_hooked() and id(frozen.weight) not in steady_state._unsettled

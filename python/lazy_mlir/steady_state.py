@@ -14,7 +14,10 @@ TorchScript (nothing to compile) and left out of the metrics' step figures
 (``setup_graphs``); and an optimizer's first step creates zero-filled state
 as device data. ``Config.auto_prepare`` (on by default) does both through
 global module and optimizer hooks; ``prepare(model, optimizer)`` does it
-explicitly. Optimizers whose first step is different math (SGD's momentum
+explicitly. The global forward pre-hook puts every module call in the
+process on ``nn.Module``'s slow path (~3 us a call: 2-3% of a small HF
+model's step), so it is installed only while a trainable parameter created
+on the lazy device (by ``.to("lazy")`` or built there) is not yet settled. Optimizers whose first step is different math (SGD's momentum
 buffer starts as a copy of the gradient) still trace a second graph after
 the first step.
 """
@@ -32,6 +35,11 @@ _settled: weakref.WeakSet = weakref.WeakSet()       # modules decided on (their 
 _state_as_data: weakref.WeakSet = weakref.WeakSet()  # optimizers enrolled by prepare()
 _first_steps: dict = {}  # optimizer -> its _StateAsDeviceData mode, during its first step
 _hooks: list = []
+# Trainable lazy parameters not yet settled, by id (a WeakSet compares
+# tensors with ==, elementwise).
+_unsettled: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_forward_hook = None  # _before_forward's handle while _unsettled may hold any
+_original_parameter_new = torch.nn.Parameter.__new__
 
 
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -52,9 +60,36 @@ def install() -> None:
     """The global hooks behind ``auto_prepare`` (once per process; they read
     the config at each call)."""
     if not _hooks:
-        _hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(_before_forward))
+        _arm()  # parameters moved before init() are not seen: the first settle decides
         _hooks.append(register_optimizer_step_pre_hook(_before_step))
         _hooks.append(register_optimizer_step_post_hook(_after_step))
+        torch.nn.Parameter.__new__ = staticmethod(_new_parameter)
+
+
+def _new_parameter(cls, data=None, requires_grad=True):
+    param = _original_parameter_new(cls, data, requires_grad)
+    if requires_grad and param.device.type == "lazy":
+        _unsettled[id(param)] = param
+        _arm()
+    return param
+
+
+def _arm() -> None:
+    global _forward_hook
+    if _forward_hook is None:
+        _forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
+
+
+def _decided(module: torch.nn.Module) -> None:
+    """``module`` and its submodules need no settling any more; the global
+    hook goes once no trainable lazy parameter is left unsettled."""
+    global _forward_hook
+    _settled.update(module.modules())
+    for p in module.parameters():
+        _unsettled.pop(id(p), None)
+    if _forward_hook is not None and not _unsettled:
+        _forward_hook.remove()
+        _forward_hook = None
 
 
 def _lazy_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -69,7 +104,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     parameter reads its alias's buffer, as after a step (where one output
     feeds both): the first step's group inputs then alias alike."""
     global settling
-    _settled.update(model.modules())
+    _decided(model)
     # IR reuse: the setup graph is traced inside the first step (from its
     # first forward), and must not change how the step traces (ir_reuse.h)
     _C.pause_ir_reuse(True)
@@ -104,7 +139,7 @@ def _before_forward(module: torch.nn.Module, args) -> None:
     if module in _settled or not config.current.auto_prepare or not torch.is_grad_enabled():
         return
     if getattr(module, "_lazy_mlir_zero", None) is not None:  # ZeRO manages these parameters
-        _settled.update(module.modules())
+        _decided(module)
         return
     params = [p for p in _lazy_params(module) if p.requires_grad]
     if params:
