@@ -113,9 +113,12 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
         with torch.no_grad():
             for p in params:
                 p.mul_(1)
-        buffers = [b for b in model.buffers() if b.device.type == "lazy"]  # moved like the parameters
+        # buffers moved like the parameters, and those built on the device: a
+        # view (GPT's causal mask of a tril) whose base would stay pending IR,
+        # traced into the first step and not the second
+        buffers = [b for b in model.buffers() if b.device.type == "lazy"]
         with metrics.setup_graph():
-            _sync_settled(params + _C.functional_bases(params) + buffers)
+            _sync_settled(params + _C.functional_bases(params) + buffers + _C.functional_bases(buffers))
         _C.share_base_buffers(params)
     finally:
         settling = False
