@@ -86,6 +86,9 @@ def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
         assert_compiled(s)
         assert s["generic_compiles"] == 0 and s["graph_executions"] == 1
     assert [s["generic_hits"] for s in ready[1:3]] == [1, 1], ready
+    # a group that waited for the compile counted its cache miss once, when it first ran
+    assert [s["group_cache_misses"] for s in waiting[2:]] == [1, 0, 1]
+    assert [s["group_cache_misses"] for s in ready] == [0, 0, 1, 0], ready
     assert len(calls) == 1
     torch.testing.assert_close(torch.tensor(got + more), torch.tensor(want), rtol=1e-12, atol=1e-12)
 

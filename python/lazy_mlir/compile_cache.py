@@ -55,9 +55,11 @@ def _guard_values(inputs: list[torch.Tensor], positions) -> tuple:
     return tuple(inputs[i].item() for i in positions)
 
 
-def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
+def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config,
+           count_miss: bool = True) -> LoweredGroup | None:
     """A variant whose guards hold for ``inputs``: from memory, else from disk
-    (counted as "hit", "disk_hit"); None (a "miss") when it must be compiled."""
+    (counted as "hit", "disk_hit"); None (a "miss", unless ``count_miss`` is
+    False: the group's miss was counted already) when it must be compiled."""
     for lowered in _entries.get(key, ()):
         if all(same_scalar(inputs[i].item(), v) for i, v in lowered.guards):
             metrics.count_cache("hit")
@@ -68,7 +70,8 @@ def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config) 
         _entries.setdefault(key, []).append(lowered)
         metrics.count_cache("disk_hit")
         return lowered
-    metrics.count_cache("miss")
+    if count_miss:
+        metrics.count_cache("miss")
     return None
 
 

@@ -152,6 +152,7 @@ class GroupExecutable:
         self.layout = None  # TensorGuards of the inputs the current code was compiled for
         self._layouts: list[tuple[TensorGuards, str]] = []  # (guard, cache key) per layout seen
         self._family = None  # group_key.family(graph), computed at the first compile
+        self._missed = False  # its cache miss is counted (it waited for a background compile)
         self._run = self._for_layout
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -214,6 +215,7 @@ class GroupExecutable:
         if not compiling.future.done():
             return self._interpreter(inputs)
         self._compiling = self._interpreter = None
+        self._missed = True
         generic = None if compiling.future.exception() is not None else compiling.future.result()
         if generic is not None and compiling.started_here:
             recompiles.add_variant(self._family, self.graph, self.name, inputs, generic.guards, self.describe,
@@ -236,7 +238,10 @@ class GroupExecutable:
         if self._family is None:
             self._family = group_key.family(self.graph)
         # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
-        lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg)
+        # after a background compile, the group's miss was counted when it started
+        count_miss, self._missed = not self._missed, False
+        lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg,
+                                                                      count_miss)
         generic = None
         sighting = shape_generic.sight(self.graph, inputs, self.cfg)  # also on a hit: sizes seen count
         if lowered is None and sighting is not None:
