@@ -17,9 +17,10 @@ global module and optimizer hooks; ``prepare(model, optimizer)`` does it
 explicitly. The global forward pre-hook puts every module call in the
 process on ``nn.Module``'s slow path (~3 us a call: 2-3% of a small HF
 model's step), so it is installed only while a trainable parameter created
-on the lazy device (by ``.to("lazy")`` or built there) is not yet settled. Optimizers whose first step is different math (SGD's momentum
-buffer starts as a copy of the gradient) still trace a second graph after
-the first step.
+on the lazy device (by ``.to("lazy")`` or built there) is not yet settled.
+Optimizers whose first step is different math (SGD's momentum buffer
+starts as a copy of the gradient) still trace a second graph after the
+first step.
 """
 from __future__ import annotations
 
