@@ -152,7 +152,6 @@ class GroupExecutable:
         self.layout = None  # TensorGuards of the inputs the current code was compiled for
         self._layouts: list[tuple[TensorGuards, str]] = []  # (guard, cache key) per layout seen
         self._family = None  # group_key.family(graph), computed at the first compile
-        self._missed = False  # its cache miss is counted (it waited for a background compile)
         self._run = self._for_layout
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -169,7 +168,7 @@ class GroupExecutable:
         self.cfg = dataclasses.replace(self.cfg, donated_inputs=accepted)
         return list(accepted)
 
-    def _for_layout(self, inputs):
+    def _for_layout(self, inputs, count_miss=True):
         """First run, or inputs unlike those the current code was compiled for:
         LTC's graph hash fixes shapes and dtypes but not strides (a
         channels_last input), and Inductor's code asserts them."""
@@ -180,7 +179,7 @@ class GroupExecutable:
             guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key())
             self._layouts.append((guard, key))
         self.layout, self.cache_key = guard, key
-        self._use(self._lowered_for(inputs))
+        self._use(self._lowered_for(inputs, count_miss))
         try:
             return self._run(inputs)
         except Exception as exc:  # noqa: BLE001 - at O1 code that fails its first run falls back
@@ -215,13 +214,13 @@ class GroupExecutable:
         if not compiling.future.done():
             return self._interpreter(inputs)
         self._compiling = self._interpreter = None
-        self._missed = True
         generic = None if compiling.future.exception() is not None else compiling.future.result()
         if generic is not None and compiling.started_here:
             recompiles.add_variant(self._family, self.graph, self.name, inputs, generic.guards, self.describe,
                                    self.cfg, self.cfg.key())
-        # as at a first run: the generic code if it admits these sizes, else a compile
-        return self._for_layout(inputs)
+        # as at a first run: the generic code if it admits these sizes, else a
+        # compile (its cache miss was counted when the background compile began)
+        return self._for_layout(inputs, count_miss=False)
 
     def _checked(self, inputs):
         if not self.layout.check(*inputs):
@@ -234,12 +233,10 @@ class GroupExecutable:
             metrics.count_collectives(self.lowered.collective_bytes)
         return self.lowered.run(inputs)
 
-    def _lowered_for(self, inputs):
+    def _lowered_for(self, inputs, count_miss=True):
         if self._family is None:
             self._family = group_key.family(self.graph)
         # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
-        # after a background compile, the group's miss was counted when it started
-        count_miss, self._missed = not self._missed, False
         lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg,
                                                                       count_miss)
         generic = None
