@@ -34,7 +34,8 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells, take_turns
+from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device,
+                       not_compiled, ratio_cells, split_cells, take_turns)
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
             "lazy_mlir_O1_unfused_opt", "lazy_mlir_O2"]
@@ -42,7 +43,6 @@ VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
                   # AdamW traced op by op (Config.fuse_optimizer, on by default, off)
                   "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False})}
-COMPILE_ROWS = ("compile_model", "compile_model_opt")
 
 
 def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
@@ -149,15 +149,11 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     return results
 
 
-RATIO_HEADER = f"{'variant':<20}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}"
+RATIO_HEADER = f"{'variant':<20}{'ms/step':>9}{RATIO_COLUMNS}"
 
 
 def _ratio_cells(ms: float, ok: dict[str, dict]) -> str:
-    """A row's step time and its ratios to eager and to each torch.compile row
-    (``ok``: the rows that did not fail)."""
-    bases = [ok.get(v, {}).get("ms_per_step") for v in ("eager", *COMPILE_ROWS)]
-    return f"{ms:>9.1f}" + "".join(f"{ms / base if base else float('nan'):>{w}.2f}"
-                                   for base, w in zip(bases, (8, 9, 9)))
+    return f"{ms:>9.1f}{ratio_cells(ms, ok)}"
 
 
 def _print_loss_diffs(ok: dict[str, dict]) -> None:

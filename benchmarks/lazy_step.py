@@ -27,6 +27,19 @@ SPLIT = ("trace", "ltc", "compile", "glue", "kernels", "read")
 SPLIT_HEADER = "".join(f"{name:>8}" for name in SPLIT)
 
 
+# The torch.compile rows every benchmark reports, and a row's ratios to
+# eager and to each of them.
+COMPILE_ROWS = ("compile_model", "compile_model_opt")
+RATIO_COLUMNS = f"{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}"
+
+
+def ratio_cells(ms: float, ok: dict[str, dict]) -> str:
+    """``ms`` over eager's and each torch.compile row's ms/step (``ok``: the
+    rows that did not fail, by variant)."""
+    bases = [ok.get(v, {}).get("ms_per_step") for v in ("eager", *COMPILE_ROWS)]
+    return "".join(f"{ms / base if base else float('nan'):>{w}.2f}" for base, w in zip(bases, (8, 9, 9)))
+
+
 def backing_device() -> str:
     """The device behind torch.device("lazy") (lazy_mlir's Config.device): the
     eager and torch.compile baselines run there, so that rows compare."""

@@ -29,12 +29,12 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import SPLIT_HEADER, StepSplit, backing_device, not_compiled, split_cells, take_turns
+from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device, not_compiled, ratio_cells,
+                       split_cells, take_turns)
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "lazy_mlir_O1"]
-COMPILE_ROWS = ("compile_model", "compile_model_opt")
 
 
 def _make_step(name: str, variant: str):
@@ -161,11 +161,10 @@ def main():
     print(f"\nZoo training steps (fp32) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
           f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
-    print(f"{'model':<10}{'variant':<18}{'ms/step':>9}{'/eager':>8}{'/c.model':>9}{'/c.m+opt':>9}{'first s':>9}"
+    print(f"{'model':<10}{'variant':<18}{'ms/step':>9}{RATIO_COLUMNS}{'first s':>9}"
           f"{'exec/step':>10}{'fallb/step':>11}{detail}{'loss':>9}")
     for name in args.models.split(","):
         ok = {v: r for (m, v), r in results.items() if m == name and "failed" not in r}
-        bases = [ok.get(v, {}).get("ms_per_step") for v in ("eager", *COMPILE_ROWS)]
         for variant in args.only.split(","):
             r = results[(name, variant)]
             if "failed" in r:
@@ -174,9 +173,8 @@ def main():
             ms = r["ms_per_step"]
             detail_cells = (f"{r['paired_ms']['graph']:>8.2f}{r['paired_ms']['outside']:>9.2f}" if args.paired
                             else split_cells(r.get("split_ms")))
-            print(f"{name:<10}{variant:<18}{ms:>9.2f}"
-                  + "".join(f"{ms / base if base else float('nan'):>{w}.2f}" for base, w in zip(bases, (8, 9, 9)))
-                  + f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
+            print(f"{name:<10}{variant:<18}{ms:>9.2f}{ratio_cells(ms, ok)}"
+                  f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
                   f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
                   + detail_cells + f"{r['final_loss']:>9.4f}")
             for where, n in r.get("syncs", {}).items():
