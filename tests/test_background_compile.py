@@ -13,7 +13,9 @@ import torch
 import lazy_mlir
 from lazy_mlir import background, metrics, shape_generic
 from helpers import LAZY, assert_compiled
-from test_shape_generic import Tagger
+from test_shape_generic import _train, _twins
+
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -36,37 +38,14 @@ def gated(lazy_level, monkeypatch):
     lazy_mlir.wait_for_compiles()
 
 
-def _steps(model, opt, shapes, device):
-    """Losses and, on the lazy device, each step's metrics."""
-    losses, snapshots = [], []
-    for b, t in shapes:
-        ids = torch.randint(0, 50, (b, t), generator=torch.Generator().manual_seed(b * 100 + t))
-        metrics.reset()
-        loss = model(ids.to(device))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
-    return losses, snapshots
-
-
 def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     gate, calls = gated
     switch_interval = sys.getswitchinterval()
-    torch.manual_seed(0)
-    eager = Tagger(width=23).double()
-    lazy = Tagger(width=23).double()
-    lazy.load_state_dict(eager.state_dict())
-    lazy.to(LAZY)
-    opts = torch.optim.SGD(eager.parameters(), lr=0.1), torch.optim.SGD(lazy.parameters(), lr=0.1)
-
+    eager, lazy = _twins(width=23)
     before = [(2, 8), (2, 8), (2, 12), (2, 12), (2, 16)]  # 12: a second size; 16: a third, while it compiles
     after = [(2, 16), (2, 12), (2, 20), (2, 8)]
-    want = _steps(eager, opts[0], before + after, "cpu")[0]
-    got, waiting = _steps(lazy, opts[1], before, LAZY)
+    want = _train(eager, before + after, CPU)  # SGD without momentum: a new optimizer per call is the same
+    got, _, waiting = _train(lazy, before, LAZY)
     assert calls and len(calls) == 1, calls  # the third size waits for the second's compile
     for s in waiting[:2]:
         assert_compiled(s)
@@ -81,7 +60,7 @@ def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     gate.set()
     assert lazy_mlir.wait_for_compiles(timeout=300)
     assert sys.getswitchinterval() == pytest.approx(switch_interval)
-    more, ready = _steps(lazy, opts[1], after, LAZY)
+    more, params, ready = _train(lazy, after, LAZY)
     for s in ready:  # every size, 8 aside, from the one generic compile
         assert_compiled(s)
         assert s["generic_compiles"] == 0 and s["graph_executions"] == 1
@@ -90,7 +69,7 @@ def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     assert [s["group_cache_misses"] for s in waiting[2:]] == [1, 0, 1]
     assert [s["group_cache_misses"] for s in ready] == [0, 0, 1, 0], ready
     assert len(calls) == 1
-    torch.testing.assert_close(torch.tensor(got + more), torch.tensor(want), rtol=1e-12, atol=1e-12)
+    _assert_same(want, torch.cat([got, more]), params)
 
 
 def test_a_failed_background_compile_compiles_the_static_form(gated, monkeypatch):
@@ -100,26 +79,28 @@ def test_a_failed_background_compile_compiles_the_static_form(gated, monkeypatch
         raise RuntimeError("injected background failure")
 
     monkeypatch.setattr(shape_generic, "lower_group", broken)
-    torch.manual_seed(0)
-    eager = Tagger(width=19).double()
-    lazy = Tagger(width=19).double()
-    lazy.load_state_dict(eager.state_dict())
-    lazy.to(LAZY)
-    opts = torch.optim.SGD(eager.parameters(), lr=0.1), torch.optim.SGD(lazy.parameters(), lr=0.1)
+    eager, lazy = _twins(width=19)
     shapes = [(2, 8), (2, 8), (2, 12), (2, 12), (2, 16)]
-    want = _steps(eager, opts[0], shapes, "cpu")[0]
-    got, steps = _steps(lazy, opts[1], shapes[:3], LAZY)
+    want = _train(eager, shapes, CPU)
+    got, _, steps = _train(lazy, shapes[:3], LAZY)
     assert steps[2]["interpreted_group_calls"] == 1
     with pytest.warns(RuntimeWarning, match=r"could not be compiled shape-generic \(RuntimeError: injected"):
         gate.set()
         lazy_mlir.wait_for_compiles(timeout=300)
-    more, steps = _steps(lazy, opts[1], shapes[3:], LAZY)
+    more, params, steps = _train(lazy, shapes[3:], LAZY)
     # length 12 compiles static at its next run; 16 too: the family is not tried generic again
     for s in steps:
         assert_compiled(s)
         assert s["stage_runs"].get("ts_to_fx") == 1 and s["generic_compiles"] == 0, s["stage_runs"]
     assert [s["generic_failed"] for s in steps] == [0, 0]
-    torch.testing.assert_close(torch.tensor(got + more), torch.tensor(want), rtol=1e-12, atol=1e-12)
+    _assert_same(want, torch.cat([got, more]), params)
+
+
+def _assert_same(eager, losses, params):
+    """Losses and final parameters equal eager's (fp64)."""
+    torch.testing.assert_close(losses, eager[0], rtol=1e-12, atol=1e-12)
+    for name, p in eager[1].items():
+        torch.testing.assert_close(params[name], p, rtol=1e-12, atol=1e-12, msg=name)
 
 
 def test_a_process_ending_while_a_compile_runs_waits_for_it(tmp_path):

@@ -75,13 +75,19 @@ def _train(model, shapes, device):
         return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots
 
 
-def _run_both(shapes, **kw):
+def _twins(**kw):
+    """fp64 Taggers with the same weights: one on the CPU, one on the lazy device."""
     torch.manual_seed(0)
     model = Tagger(**kw).double()
     lazy_model = Tagger(**kw).double()
     lazy_model.load_state_dict(model.state_dict())
+    return model, lazy_model.to(LAZY)
+
+
+def _run_both(shapes, **kw):
+    model, lazy_model = _twins(**kw)
     eager = _train(model, shapes, torch.device("cpu"))
-    lazy = _train(lazy_model.to(LAZY), shapes, LAZY)
+    lazy = _train(lazy_model, shapes, LAZY)
     torch.testing.assert_close(lazy[0], eager[0], rtol=1e-12, atol=1e-12)
     for name, p in eager[1].items():
         torch.testing.assert_close(lazy[1][name], p, rtol=1e-12, atol=1e-12, msg=name)
