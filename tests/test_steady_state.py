@@ -3,6 +3,9 @@ the whole run): automatically (``auto_prepare``) or through
 ``lazy_mlir.prepare``; training is unchanged."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 
@@ -10,6 +13,8 @@ import lazy_mlir
 from helpers import assert_compiled, assert_same_training
 from lazy_mlir import metrics, steady_state
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
 STEPS = 3
 
@@ -167,3 +172,26 @@ def test_the_global_forward_hook_is_armed_only_while_a_lazy_parameter_is_unsettl
 
     frozen = torch.nn.Linear(3, 3).requires_grad_(False).to("lazy")  # nothing to settle: no hook for it
     assert not _forward_hooked() and id(frozen.weight) not in steady_state._unsettled
+
+
+def test_a_hf_model_built_on_the_lazy_device_compiles_once(lazy_level):
+    """HF Llama (the zoo's) built under torch.device("lazy"): its buffers'
+    bases are settled too, else its first step compiles apart (it did)."""
+    import zoo
+    v, spec = zoo.base_variant("llama"), zoo.SPECS["llama"]
+    with torch.device("lazy"):
+        model = zoo.make_model(v, torch.float32)
+    opt = spec.optimizer(model)
+    g = torch.Generator().manual_seed(0)
+    misses = []
+    for _ in range(3):
+        batch = [x.to("lazy") for x in spec.inputs(v, zoo.BATCH, g)]
+        metrics.reset()
+        spec.loss(model, *batch).backward()
+        opt.step()
+        opt.zero_grad()
+        torch._lazy.mark_step()
+        s = metrics.snapshot()
+        assert_compiled(s)
+        misses.append(s["cache_misses"])
+    assert misses == [1, 0, 0], metrics.report()
