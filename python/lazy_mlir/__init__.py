@@ -20,7 +20,7 @@ import torch._lazy.ts_backend
 
 from . import background, compilable, config, dump, fused_optimizer, group_compiler, lazy_kernels, metrics, module_ties
 from . import steady_state, step_errors
-from . import syncs
+from . import syncs, transformers_compat
 from . import _C
 from .steady_state import prepare
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
@@ -49,6 +49,7 @@ def init(level: str = "O1", **options) -> config.Config:
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
     steady_state.install()  # auto_prepare's hooks
+    transformers_compat.install()  # its mask decisions read no lazy value
     if cfg.fuse_optimizer:  # torch.optim.adam.adam stays torch's own until asked for
         fused_optimizer.install()  # Adam/AdamW steps as one traced node
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)

@@ -40,6 +40,7 @@ DEFAULT = [
     (zoo.base_variant("bert", dropout=0.1), not SHAPES),
     (zoo.base_variant("llama"), not SHAPES),
     (zoo.base_variant("t5", dropout=0.1), not SHAPES),  # encoder and decoder dropouts: draw order
+    (zoo.base_variant("bart"), not SHAPES),
     (zoo.base_variant("vit"), not SHAPES),
     (zoo.base_variant("resnet"), SHAPES),
     (zoo.base_variant("mobilenet", dropout=0.2), not SHAPES),

@@ -92,15 +92,13 @@ def _causal_lm_loss(model, ids):
 
 
 def _padding_mask(v, batch):
-    """Row 0 full, the others padded at the end: a real padded batch. As the
-    README says for one graph per step, prepared on the CPU as the 4-D
-    additive mask transformers uses as is, (batch, 1, 1, kv_len): with a 2-D
-    mask its masking utilities read ``padding_mask.all()`` (a sync) per
-    attention type. Additive, not boolean: HF eager attention adds it."""
-    keep = torch.ones(batch, v.length, dtype=torch.bool)
-    keep[1:, v.length - 3:] = False
-    mask = torch.zeros(batch, 1, 1, v.length)
-    return mask.masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    """Row 0 full, the others padded at the end: a real padded batch, as the
+    2-D 0/1 mask users pass. transformers decides from its values whether a
+    mask can be dropped; lazy_mlir.transformers_compat makes it treat lazy
+    tensors as traced, so that decision reads no value (no second graph)."""
+    mask = torch.ones(batch, v.length, dtype=torch.long)
+    mask[1:, v.length - 3:] = 0
+    return mask
 
 
 def _bert(v):
@@ -143,6 +141,15 @@ def _t5_loss(model, ids, mask, labels):
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
+def _bart(v):
+    from transformers import BartConfig, BartForConditionalGeneration
+    cfg = BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
+                     vocab_size=VOCAB, dropout=v.dropout, attention_dropout=v.dropout, activation_dropout=v.dropout,
+                     pad_token_id=0, bos_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    return _hf(BartForConditionalGeneration, cfg, v)
+
+
 def _vit(v):
     from transformers import ViTConfig, ViTForImageClassification
     cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=1,
@@ -171,6 +178,8 @@ SPECS: dict[str, Spec] = {
     "bert": Spec(_bert, _bert_inputs, _bert_loss, adamw),
     "llama": Spec(_llama, _tokens, _causal_lm_loss, adamw),
     "t5": Spec(_t5, _t5_inputs, _t5_loss, adamw),
+    # BART's decoder makes its own mask of ones on the inputs' device (lazy)
+    "bart": Spec(_bart, _t5_inputs, _t5_loss, adamw),
     "vit": Spec(_vit, _images, _vit_loss, adamw, lengths=(16, 24)),
     "resnet": Spec(lambda v: ResNet(), _images, _cnn_loss, sgd_momentum, attns=(None,), dropouts=(0.0,),
                    lengths=(32, 24)),

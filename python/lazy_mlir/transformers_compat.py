@@ -1,0 +1,74 @@
+"""Hugging Face transformers treats lazy tensors as traced values.
+
+transformers guards its data-dependent Python decisions (can this attention
+mask be dropped? is there padding?) with ``is_tracing(tensor)``, true for
+Dynamo, FX proxies, fake tensors and jax-jitted tensors. A lazy tensor is a
+traced value too: reading it executes the step traced so far, one extra
+graph execution per read. Unrecognised, BERT and T5 read their padding masks
+every step (``masking_utils.fast_all``) and BART's decoder reads the mask of
+ones it makes itself, so a user could not keep the step in one graph.
+
+``install()`` makes ``is_tracing`` true for tensors on the lazy device, so
+transformers takes the path it takes under torch.compile: the masks stay
+tensors in the graph (same values; a mask it would have dropped is applied
+in full). It wraps ``transformers.utils.import_utils.is_fake_tensor``, which
+``is_tracing`` calls for its tensor argument and nothing else calls, so
+every module that imported ``is_tracing`` by name sees it. transformers is
+patched when it is imported (a ``sys.meta_path`` hook), or at once if it is
+already. A transformers without that function is left as it is.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+import torch
+
+MODULE = "transformers.utils.import_utils"
+_MARK = "_lazy_mlir_traces_lazy_tensors"
+
+
+def install() -> None:
+    module = sys.modules.get(MODULE)
+    if module is not None:
+        _patch(module)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+def is_lazy(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "lazy"
+
+
+def _patch(module) -> None:
+    original = getattr(module, "is_fake_tensor", None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    def is_fake_tensor(x) -> bool:
+        return is_lazy(x) or original(x)
+
+    setattr(is_fake_tensor, _MARK, True)
+    is_fake_tensor.__wrapped__ = original
+    module.is_fake_tensor = is_fake_tensor
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches MODULE right after it is first imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != MODULE:
+            return None
+        sys.meta_path.remove(self)  # find the real spec, once
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
