@@ -65,7 +65,7 @@ def _train(make_opt, dtype, steps=4, inspect=None, scheduler=None):
 def _assert_params_close(eager, lazy, rtol, atol):
     with torch.no_grad():
         for (name, p), q in zip(eager.named_parameters(), lazy.parameters()):
-            torch.testing.assert_close(q.cpu(), p, rtol=rtol, atol=atol, msg=name)
+            torch.testing.assert_close(q.cpu(), p, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 def _assert_state_close(eager_opt, lazy_opt, rtol, atol):
@@ -145,11 +145,14 @@ def test_trace_shrinks(lazy_level):
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)
 def test_lr_schedule_keeps_the_graph(lazy_level):
     """lr is an input: a scheduler changing it every step traces no new graph;
-    O0 runs the op's eager kernel (the same ops as torch's Adam: exact)."""
+    O0 runs the op's eager kernel (the same ops as torch's Adam). Equal to
+    an fp64 ulp, not bit for bit: on some CPUs a vectorised kernel's tail
+    rounds differently (2.8e-17 on 0.weight seen on 2026-11-25's machine);
+    a wrong lr would differ by orders of magnitude more."""
     _fused(lazy_level)
     eager, _, lazy, _ = _train(CASES["adamw"], torch.float64, steps=5,
                                scheduler=lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7))
-    _assert_params_close(eager, lazy, rtol=0, atol=0)
+    _assert_params_close(eager, lazy, rtol=2e-15, atol=1e-16)
     s = metrics.snapshot()
     assert s["cache_hits"] >= 4 and s["optimizer_groups_fused"] == 5, metrics.report()  # steps 2-5 hit
 
