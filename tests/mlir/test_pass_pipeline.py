@@ -6,7 +6,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 import mlir_passes
-from lazy_mlir import opt
+from mlir_passes import opt
 
 SOURCE = """
 func.func @f(%arg0: !torch.vtensor<[4,3],f32>) -> (!torch.vtensor<[3,4],f32>, !torch.int, !torch.int) {
