@@ -15,6 +15,7 @@ whose checksum fails.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import pickle
@@ -73,6 +74,18 @@ def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config,
     if count_miss:
         metrics.count_cache("miss")
     return None
+
+
+def exclusive(key: str, cfg: config.Config, on_wait=None):
+    """A context in which this process alone, of those sharing the cache
+    folder, compiles the group at ``key``: ranks of a job that need the same
+    group wait (``on_wait()`` says so) and then read the first one's entry.
+    No lock without a cache folder, nor with dumps on (each process lowers
+    its own groups then)."""
+    disk = disk_of(cfg)
+    if disk is None or cfg.dump_dir:
+        return contextlib.nullcontext()
+    return disk.lock(key, on_wait)
 
 
 def read_entry(disk: DiskCache, key: str) -> dict | None:

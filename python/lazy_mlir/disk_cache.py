@@ -8,9 +8,17 @@ one, or none, never half of one. A reader checks the header and the
 checksum: a corrupt or truncated entry is removed with a warning, and the
 caller rebuilds it. A hit refreshes the entry's mtime; when the folder grows
 past its limit the least recently used entries go first.
+
+``lock(key)`` lets one process build a missing entry while the others that
+need it wait and then read it (ranks of one job on one machine compile each
+group once, not once per rank). It is an ``flock`` on ``<hex key>.lock``:
+the kernel releases it when its holder exits, so a crashed builder leaves
+no stale lock, only an empty file that ``trim`` removes later.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import struct
@@ -22,7 +30,9 @@ MAGIC = b"LZMLIRC\0"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIQ32s")  # magic, format version, payload length, sha256
 SUFFIX = ".entry"
-# A temporary file this old belongs to a writer that died.
+LOCK_SUFFIX = ".lock"
+# A temporary file this old belongs to a writer that died (a lock file this
+# old is no longer held: no compile takes an hour).
 _STALE_TEMP_SECONDS = 3600
 
 
@@ -98,6 +108,29 @@ class DiskCache:
         except OSError:
             pass
 
+    @contextlib.contextmanager
+    def lock(self, key: str, on_wait=None):
+        """Holds ``key``'s lock across processes for the block; calls ``on_wait()``
+        first when another process holds it. A folder that cannot be written
+        gives no lock (the block runs unlocked: a cache failure never fails a step)."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(os.path.join(self.directory, key + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.utime(fd)  # mtime = last use: trim leaves recent lock files alone
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def write(self, key: str, payload: bytes) -> bool:
         """Atomically replaces the entry; False (with a warning) when the folder
         cannot be written: a cache failure never fails a step."""
@@ -134,7 +167,7 @@ class DiskCache:
                         st = e.stat()
                     except OSError:
                         continue  # removed meanwhile
-                    if e.name.endswith(".tmp") and now - st.st_mtime > _STALE_TEMP_SECONDS:
+                    if e.name.endswith((".tmp", LOCK_SUFFIX)) and now - st.st_mtime > _STALE_TEMP_SECONDS:
                         _remove_quietly(e.path)
                     elif e.name.endswith(SUFFIX):
                         entries.append((st.st_mtime, st.st_size, e.path))

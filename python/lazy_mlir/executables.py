@@ -254,18 +254,33 @@ class GroupExecutable:
             compiling = self._in_background(inputs, sighting)
             if compiling is not None:
                 return compiling
-            recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
-                                      self.cfg.key())
-            lowered = self._compile(inputs, sighting)
-            if lowered is None:
-                return None
-            compile_cache.store(self.cache_key, lowered, self.cfg)
+            with compile_cache.exclusive(self.cache_key, self.cfg, self._waiting):
+                # another process may have compiled it meanwhile (served from disk)
+                lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name,
+                                                                              self.cfg, count_miss=False)
+                if lowered is None:
+                    failed = compile_cache.known_failure(self.cache_key, self.cfg)
+                    if failed is not None:
+                        self._fail(GroupLoweringError(f"it failed to compile in another process ({failed})"))
+                        return None
+                    recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe,
+                                              self.cfg, self.cfg.key())
+                    lowered = self._compile(inputs, sighting)
+                    if lowered is None:
+                        return None
+                    compile_cache.store(self.cache_key, lowered, self.cfg)
         if sighting is not None:
             shape_generic.observe(sighting)
         if generic is None:  # a size served by generic code is no new variant
             recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe,
                                    self.cfg, self.cfg.key())
         return lowered
+
+    def _waiting(self) -> None:
+        metrics.count_cache("wait")
+        if self.cfg.progress:
+            print(f"lazy_mlir: {self.name}: another process (a rank of this job?) is compiling the same group; "
+                  "waiting for it to land in the cache", file=sys.stderr, flush=True)
 
     def _compile(self, inputs, sighting=None):
         start = time.perf_counter()

@@ -25,7 +25,7 @@ _fallback_group_calls = 0              # runs of such groups since reset
 _interpreted_group_calls = 0           # runs in TorchScript while their code compiled in the background
 _stage_seconds: collections.Counter = collections.Counter()
 _stage_runs: collections.Counter = collections.Counter()  # how often each stage ran
-_group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss"
+_group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss" / "wait"
 _recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
@@ -215,6 +215,8 @@ def snapshot() -> dict:
         "group_cache_hits": group_cache.get("hit", 0),
         "group_cache_disk_hits": group_cache.get("disk_hit", 0),
         "group_cache_misses": group_cache.get("miss", 0),
+        # misses that another process (a rank of the job) was compiling: waited for, then read from disk
+        "group_cache_waits": group_cache.get("wait", 0),
         # shape_generic: sizes served by a generic variant, generic compiles, failed tries
         "generic_hits": group_cache.get("generic_hit", 0),
         "generic_disk_hits": group_cache.get("generic_disk_hit", 0),  # variants read from the cache folder
@@ -274,7 +276,8 @@ def report() -> str:
            if s["interpreted_group_calls"] else "") + ")",
         f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
         f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_disk_hits']} from disk, "
-        f"{s['group_cache_misses']} misses",
+        f"{s['group_cache_misses']} misses"
+        + (f" ({s['group_cache_waits']} compiled by another process meanwhile)" if s["group_cache_waits"] else ""),
     ]
     if s["generic_hits"] or s["generic_compiles"] or s["generic_failed"]:
         lines.append(f"  shape-generic        {s['generic_hits']} sizes served ({s['generic_disk_hits']} variants "

@@ -18,13 +18,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, args: list[str], timeout: float) -> tuple[list[int | None], list[str], float]:
-    """Runs worker.py on ``world`` ranks; returns (exit codes, None for a
-    rank still running at ``timeout`` and killed; outputs; seconds taken)."""
+def run_ranks(world: int, args: list[str], timeout: float, env: dict | None = None
+              ) -> tuple[list[int | None], list[str], float]:
+    """Runs worker.py on ``world`` ranks (``env``: variables to add); returns
+    (exit codes, None for a rank still running at ``timeout`` and killed;
+    outputs; seconds taken)."""
     # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack.
     # The workers' gloo groups take CPU tensors: the lazy device stays the CPU on a GPU machine too.
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-           "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "LAZY_MLIR_DEVICE": "cpu"}
+           "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "LAZY_MLIR_DEVICE": "cpu", **(env or {})}
     procs = [subprocess.Popen([sys.executable, WORKER, *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     start = time.monotonic()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 import lazy_mlir
 import lazy_mlir.zero as zero
+from lazy_mlir import compile_cache
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
 
 # n_embd=36 and vocab 50: parameter sizes not divisible by 3 (or 2) ranks.
@@ -44,6 +45,8 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     lazy_mlir.init(progress=False)
+    group_keys = record_group_keys()
+
     def setup(model):
         model = model.to("lazy")
         return zero.initialize(model, make_adamw(model), stage=args.stage, prefetch_bytes=args.prefetch_bytes,
@@ -55,13 +58,16 @@ def main() -> None:
     batches = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
                for x, y in gpt_batches(CONFIG, steps=args.steps)]
     checkpoint = f"{args.out}.ckpt.rank{rank}"
-    losses, memory = [], None
+    losses, memory, checkpoint_executions = [], None, 0
     lazy_mlir.metrics.reset()
     for step, (x, y) in enumerate(batches):
         if step == args.die_at_step and rank == world - 1:
             os._exit(3)  # a crashed rank: no clean shutdown
         if step == args.resume_at:
+            before, group_keys["in_steps"] = lazy_mlir.metrics.snapshot()["graph_executions"], False
             torch.save({"model": zero.full_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint)
+            checkpoint_executions = lazy_mlir.metrics.snapshot()["graph_executions"] - before
+        group_keys["in_steps"] = True
         loss = model(x.to("lazy"), y.to("lazy"))
         loss.backward()
         optimizer.step()
@@ -70,11 +76,13 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         torch._lazy.mark_step()
         losses.append(loss.detach())  # read after the loop: reading now would run a graph
+    group_keys["in_steps"] = False
     snapshot = lazy_mlir.metrics.snapshot()
+    snapshot["graph_executions"] -= checkpoint_executions  # the training steps' own, the checkpoint's reads aside
     result = {"losses": global_mean(losses), "state": zero.full_state_dict(model), "memory": memory,
               "metrics": {k: snapshot[k] for k in ("graph_executions", "mark_steps", "fallback_count",
                                                     "groups_fallen_back", "compiled_group_calls", "collective_bytes")},
-              "time": time.time()}
+              "time": time.time(), "group_keys": group_keys}
     if args.resume_at >= 0:
         saved = torch.load(checkpoint)
         fresh = make_gpt(CONFIG, seed=1)  # other initial weights: only the checkpoint can make it match
@@ -92,6 +100,29 @@ def main() -> None:
         result.update(resumed_losses=global_mean(resumed), resumed_state=zero.full_state_dict(model))
     torch.save(result, f"{args.out}.rank{rank}")
     dist.destroy_process_group()
+
+
+def record_group_keys() -> dict:
+    """The cache keys of the groups this rank looked up in its training steps
+    ("used", a set: while "in_steps" is set; setting up and checkpointing
+    slice at the rank) and of those it compiled itself ("compiled", a list: a
+    key twice would be a group compiled twice), for the check that ranks
+    compile each group once."""
+    keys = {"used": set(), "compiled": [], "in_steps": False}
+    lookup, store = compile_cache.lookup, compile_cache.store
+
+    def looked_up(key, *args, **kwargs):
+        if keys["in_steps"]:
+            keys["used"].add(key)
+        return lookup(key, *args, **kwargs)
+
+    def stored(key, lowered, *args, **kwargs):
+        if lowered.artifacts is not None:  # compiled here (a size served by generic code stores none)
+            keys["compiled"].append(key)
+        return store(key, lowered, *args, **kwargs)
+
+    compile_cache.lookup, compile_cache.store = looked_up, stored
+    return keys
 
 
 def global_mean(losses: list[torch.Tensor]) -> torch.Tensor:

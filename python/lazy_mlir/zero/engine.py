@@ -154,7 +154,14 @@ class ZeroEngine:
         return torch.ops.lazy_mlir.unshard(m.shard.detach(), m.shape, self.world, self.group_name)
 
     def _reduce(self, grad: torch.Tensor, m: ManagedParam) -> torch.Tensor:
-        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, self.rank if m.sharded else -1)
+        # Only stage 1's lowering (an all-reduce, then a slice) needs this
+        # rank's number; the reduce-scatter and all-to-all of stages 2-3 hand
+        # each rank its own shard. Tracing 0 there leaves stage 3's steps
+        # with no rank number at all (1-2 slice the parameter at the rank):
+        # every rank's step is the same group, compiled once per job
+        # (compile_cache.exclusive).
+        shard_rank = -1 if not m.sharded else self.rank if self.stage == 1 else 0
+        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, shard_rank)
 
     def _begin_step(self, module, args):
         self._use_pipeline()

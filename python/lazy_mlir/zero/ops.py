@@ -5,7 +5,11 @@
     in ``group_size`` equal shards over the group; ``shard`` is this rank's.
 ``lazy_mlir::reduce_grad(grad, group_size, group_name, shard_rank)``
     The mean of ``grad`` over the group's ranks (data parallelism): all of it
-    when ``shard_rank`` is -1, else only rank ``shard_rank``'s flat padded shard.
+    when ``shard_rank`` is -1, else only this rank's flat padded shard.
+    ``shard_rank`` >= 0 is this rank's number where the lowering slices an
+    all-reduce (ZeRO-1); stages 2-3 trace 0 on every rank (their
+    collectives deliver each rank its own shard), so ZeRO-3's step graphs
+    are the same on every rank.
 
 They enter the lazy trace as single nodes (their Lazy kernels trace them as
 TorchScript builtins), so each compiled group sees them with full shapes;
