@@ -58,9 +58,7 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
     group name), compiled anew, and a loss may differ in the last bit (seen:
     2.4e-7 of 3.9); a resume without the optimizer state is off by ~1e-3."""
     ref_losses, ref_state, param_bytes = reference
-    # a cache folder of its own: every group is compiled in this run, by one rank
-    results = _train(stage, tmp_path, extra=["--reduce-scatter", reduce_scatter, "--resume-at", str(RESUME_AT)],
-                     env={"LAZY_MLIR_CACHE_DIR": str(tmp_path / "cache")})
+    results = _train(stage, tmp_path, extra=["--reduce-scatter", reduce_scatter, "--resume-at", str(RESUME_AT)])
     for rank, result in enumerate(results):
         torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=0)
         assert result["state"].keys() == ref_state.keys()
@@ -75,9 +73,12 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
         for name, value in result["state"].items():
             torch.testing.assert_close(result["resumed_state"][name], value, rtol=1e-6, atol=1e-7, msg=name)
 
+    # The session's cache folder may hold some groups already (the soak's
+    # stage-1 runs); what this launch compiles, it compiles on one rank.
     compiled = [key for result in results for key in result["group_keys"]["compiled"]]
-    assert compiled and len(compiled) == len(set(compiled)), "a group was compiled on more than one rank"
+    assert len(compiled) == len(set(compiled)), "a group was compiled on more than one rank"
     if stage == 3:  # no rank number in its traced steps (1-2 slice the parameter at the rank): the same groups
+        assert compiled  # the suite's first 3-rank stage-3 run (resumed steps: new graphs in any case)
         assert all(r["group_keys"]["used"] == results[0]["group_keys"]["used"] for r in results)
 
     memory = results[0]["memory"]
