@@ -236,9 +236,7 @@ class GroupExecutable:
     def _lowered_for(self, inputs, count_miss=True):
         if self._family is None:
             self._family = group_key.family(self.graph)
-        # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
-        lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg,
-                                                                      count_miss)
+        lowered = self._cached(inputs, count_miss)
         generic = None
         sighting = shape_generic.sight(self.graph, inputs, self.cfg)  # also on a hit: sizes seen count
         if lowered is None and sighting is not None:
@@ -246,22 +244,16 @@ class GroupExecutable:
             if generic is not None:
                 compile_cache.store(self.cache_key, generic, self.cfg)  # in memory: no artefacts
         if lowered is None:
-            failed = compile_cache.known_failure(self.cache_key, self.cfg)
-            if failed is not None:  # not retried every step, nor in every process
-                self._fail(GroupLoweringError(f"it failed before, in this environment ({failed}); "
-                                              "LAZY_MLIR_CACHE=0 or an emptied cache folder retries it"))
+            if self._failed_before():
                 return None
             compiling = self._in_background(inputs, sighting)
             if compiling is not None:
                 return compiling
             with compile_cache.exclusive(self.cache_key, self.cfg, self._waiting):
-                # another process may have compiled it meanwhile (served from disk)
-                lowered = None if self.cfg.dump_dir else compile_cache.lookup(self.cache_key, inputs, self.name,
-                                                                              self.cfg, count_miss=False)
+                # another process (a rank) may have compiled it meanwhile, or failed to
+                lowered = self._cached(inputs, count_miss=False)
                 if lowered is None:
-                    failed = compile_cache.known_failure(self.cache_key, self.cfg)
-                    if failed is not None:
-                        self._fail(GroupLoweringError(f"it failed to compile in another process ({failed})"))
+                    if self._failed_before():
                         return None
                     recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe,
                                               self.cfg, self.cfg.key())
@@ -275,6 +267,21 @@ class GroupExecutable:
             recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe,
                                    self.cfg, self.cfg.key())
         return lowered
+
+    def _cached(self, inputs, count_miss):
+        # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
+        if self.cfg.dump_dir:
+            return None
+        return compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg, count_miss)
+
+    def _failed_before(self) -> bool:
+        """Whether lowering this group failed before, in this process or
+        another: then it is not tried again (O1 runs it in TorchScript)."""
+        failed = compile_cache.known_failure(self.cache_key, self.cfg)
+        if failed is not None:
+            self._fail(GroupLoweringError(f"it failed before, in this environment ({failed}); "
+                                          "LAZY_MLIR_CACHE=0 or an emptied cache folder retries it"))
+        return failed is not None
 
     def _waiting(self) -> None:
         metrics.count_cache("wait")
