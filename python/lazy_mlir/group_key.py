@@ -93,7 +93,8 @@ def input_signature(inputs: list[torch.Tensor]) -> tuple:
 # lazy_mlir's own code that turns a group into an executable: editing it
 # (an editable install keeps its version) must not serve stale entries;
 # shape_generic writes the size expressions of generic groups.
-_LOWERING_CODE = ("group_lowering.py", "lowering", "codegen", "compile_cache.py", "group_key.py", "shape_generic.py")
+_LOWERING_CODE = ("group_lowering.py", "lowering", "codegen", "compile_cache.py", "group_key.py", "shape_generic.py",
+                  "portable_graph.py")
 
 
 @functools.cache

@@ -9,13 +9,12 @@ metrics and, with ``Config.dump_dir``, dumped per group.
 
 With the persistent cache on, the group also keeps what another process
 needs to skip these stages (``LoweredGroup.artifacts``: the exported FX
-graph, pickled, and Inductor's compiled artefact, which skips code
+graph (``portable_graph``) and Inductor's compiled artefact, which skips code
 generation too); ``load_group`` rebuilds the executable from them.
 """
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import struct
 import time
 import warnings
@@ -29,7 +28,7 @@ import mlir_passes
 from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
-from . import config, donation, dump, metrics
+from . import config, donation, dump, metrics, portable_graph
 from .codegen import inductor
 from .lowering import export_graph, import_graph
 from .lowering.ts_to_fx import ts_graph_to_fx
@@ -41,7 +40,7 @@ class LoweredGroup:
     guards: list[tuple[int, object]]  # (input index, value) baked into the code
     # Bytes each run moves through collectives, by kind ("all_gather": ...).
     collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
-    # For the persistent cache: {"graph": pickled exported GraphModule,
+    # For the persistent cache: {"graph": the exported GraphModule (portable_graph),
     # "inductor": artefact bytes or None}; None when it cannot be stored
     # (mlir-llvm code). compile_cache drops them once written.
     artifacts: dict | None = None
@@ -65,6 +64,41 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     """``symbolic`` (a ``shape_generic.Symbolic``: fake mode, fake inputs with
     symbolic sizes, size expressions) compiles the shape-generic form: then
     Inductor's code takes any size its shape guards admit."""
+    prepared = prepare_group(graph, example_inputs, name, cfg, symbolic)
+    if isinstance(prepared, LoweredGroup):  # mlir-llvm's code
+        return prepared
+    return generate_code(prepared, cfg)
+
+
+@dataclasses.dataclass
+class PreparedGroup:
+    """A group lowered up to code generation: the FX graph exported after the
+    MLIR passes, the fakes of its inputs, and what the code will assume.
+    ``parallel_compile`` hands these to other processes (``artifacts["graph"]``)."""
+    name: str
+    gm: torch.fx.GraphModule
+    fake_inputs: list
+    fake_mode: FakeTensorMode
+    guards: list[tuple[int, object]]
+    collective_bytes: dict[str, int]
+    artifacts: dict | None
+    symbolic: bool
+
+    def output_strides(self) -> list[tuple | None]:
+        """The strides of the outputs the code will return: Inductor keeps
+        eager's, those of the exported graph run on fakes (the export's own
+        values say contiguous where the graph returns a transposed view).
+        None where it is not a tensor."""
+        with self.fake_mode, torch.no_grad():
+            values = self.gm(*self.fake_inputs)
+        return [tuple(v.stride()) if isinstance(v, torch.Tensor) else None for v in values]
+
+
+def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: config.Config,
+                  symbolic=None, keep_graph: bool = False) -> PreparedGroup | LoweredGroup:
+    """Every stage but code generation (a LoweredGroup when mlir-llvm
+    generated the code). ``keep_graph``: keep the exported graph as bytes even
+    without the cache (another process generates its code)."""
     dump.write(name, "0.ts.txt", str(graph))
     with _Stage("ts_to_fx"):
         if symbolic is None:
@@ -100,19 +134,35 @@ def lower_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: con
     if cfg.donated_inputs and symbolic is None:  # outputs written into dead inputs' buffers
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
     dump.write(name, "4.export.fx.txt", gm.code)
-    moved = _collective_bytes(gm)
-    artifacts = _cache_artifacts(gm) if cfg.cache else None  # before Inductor changes gm
-    if artifacts is not None and not cfg.cache_inductor and symbolic is None:
+    artifacts = _cache_artifacts(gm) if cfg.cache or keep_graph else None  # before Inductor changes gm
+    return PreparedGroup(name, gm, fake_inputs, fake_mode, guards, _collective_bytes(gm), artifacts,
+                         symbolic is not None)
+
+
+def generate_code(prepared: PreparedGroup, cfg: config.Config) -> LoweredGroup:
+    """Inductor's code for a prepared group, in this process."""
+    gm = prepared.gm
+    stored = prepared.artifacts if cfg.cache else None  # a graph kept for another process only is not stored
+    if stored is not None and not cfg.cache_inductor and not prepared.symbolic:
         # Inductor's own cache keys on the graph as given: compile the form a
-        # later process unpickles, so that its compile hits that cache.
-        gm = pickle.loads(artifacts["graph"])
+        # later process loads, so that its compile hits that cache.
+        gm = portable_graph.loads(stored["graph"])
     with _Stage("codegen"):  # Inductor: the default, and mlir-llvm's unsupported groups
-        run, code, artefact = inductor.compile_graph(gm, fake_inputs, fake_mode, name,
-                                                     serializable=artifacts is not None and cfg.cache_inductor)
-    if artifacts is not None:
-        artifacts["inductor"] = artefact
-    dump.write(name, "5.generated.py", code)
-    return LoweredGroup(run, guards, moved, artifacts)
+        run, code, artefact = inductor.compile_graph(gm, prepared.fake_inputs, prepared.fake_mode, prepared.name,
+                                                     serializable=stored is not None and cfg.cache_inductor)
+    if stored is not None:
+        stored["inductor"] = artefact
+    dump.write(prepared.name, "5.generated.py", code)
+    return LoweredGroup(run, prepared.guards, prepared.collective_bytes, stored)
+
+
+def adopt_code(prepared: PreparedGroup, artefact: bytes, cfg: config.Config) -> LoweredGroup:
+    """The group with the code another process generated for it (Inductor's
+    artefact, as ``compile_graph`` returns it). Raises when it cannot be loaded."""
+    with _Stage("cache_load"):
+        run = inductor.load_artefact(artefact)
+    stored = dict(prepared.artifacts, inductor=artefact if cfg.cache_inductor else None) if cfg.cache else None
+    return LoweredGroup(run, prepared.guards, prepared.collective_bytes, stored)
 
 
 def group_device(inputs: list[torch.Tensor], default: str) -> torch.device:
@@ -125,7 +175,7 @@ def group_device(inputs: list[torch.Tensor], default: str) -> torch.device:
 
 def _cache_artifacts(gm: torch.fx.GraphModule) -> dict | None:
     try:
-        return {"graph": pickle.dumps(gm), "inductor": None}
+        return {"graph": portable_graph.dumps(gm), "inductor": None}
     except Exception as exc:  # noqa: BLE001 - an unpicklable constant costs the cache entry, not the step
         warnings.warn(f"lazy_mlir: a group cannot be stored in the compile cache ({type(exc).__name__}: {exc})",
                       RuntimeWarning, stacklevel=2)
@@ -149,7 +199,7 @@ def load_group(artifacts: dict, guards: list, collective_bytes: dict, inputs: li
                 metrics.count_cache("artefact_unusable")
     if run is None:
         with _Stage("cache_load"):
-            gm = pickle.loads(artifacts["graph"])
+            gm = portable_graph.loads(artifacts["graph"])
             fake_mode, fake_inputs = fake_inputs_of(inputs, dynamic)
         with _Stage("codegen"):
             run, _, _ = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
