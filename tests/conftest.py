@@ -15,6 +15,9 @@ atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 # it: generic compiles wait in the step (the default, compiling them in the
 # background meanwhile running TorchScript, is test_background_compile's).
 os.environ["LAZY_MLIR_BACKGROUND_COMPILE"] = "0"
+# Likewise first steps compile in the step, one group after the other (side by
+# side, running TorchScript meanwhile, is test_parallel_compile's and the zoo's).
+os.environ["LAZY_MLIR_COMPILE_WORKERS"] = "0"
 
 import lazy_mlir  # noqa: E402
 from lazy_mlir import compile_cache, metrics, shape_generic  # noqa: E402

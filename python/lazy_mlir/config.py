@@ -58,6 +58,12 @@ class Config:
     # of the step waiting for the compile (see background). LAZY_MLIR_BACKGROUND_COMPILE=0 turns it off.
     background_compile: bool = dataclasses.field(
         default_factory=lambda: _env_flag("LAZY_MLIR_BACKGROUND_COMPILE", True))
+    # Worker processes that generate code for a graph's groups beside this
+    # process, when its first execution leaves several to compile (see
+    # parallel_compile); 0: one after the other, in the step.
+    # LAZY_MLIR_COMPILE_WORKERS sets it; the default is half the CPUs, at most 4.
+    compile_workers: int = dataclasses.field(default_factory=lambda: int(
+        os.environ.get("LAZY_MLIR_COMPILE_WORKERS") or min(4, (os.cpu_count() or 1) // 2)))
     # Before a model's first training forward and an optimizer's first step,
     # do what lazy_mlir.prepare() does, so the first step traces (and
     # compiles) the steady-state graph (see steady_state). LAZY_MLIR_AUTO_PREPARE=0 turns it off.
@@ -84,8 +90,8 @@ class Config:
 
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
-                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile", "auto_prepare",
-                   "fuse_optimizer")
+                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
+                   "compile_workers", "auto_prepare", "fuse_optimizer")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
@@ -119,6 +125,8 @@ class Config:
             raise ValueError(f"lazy_mlir: codegen must be one of {CODEGENS}, got {self.codegen!r}")
         if self.donated_inputs:
             raise ValueError("lazy_mlir: donated_inputs is set per fusion group by the backend, not by init()")
+        if self.compile_workers < 0:
+            raise ValueError(f"lazy_mlir: compile_workers must be 0 or more, got {self.compile_workers!r}")
         if self.cache_max_mb <= 0:
             raise ValueError(f"lazy_mlir: cache_max_mb must be positive, got {self.cache_max_mb!r}")
         import mlir_passes

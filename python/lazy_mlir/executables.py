@@ -18,17 +18,21 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import background, compile_cache, config, group_key, metrics, recompiles, shape_generic
-from .group_lowering import lower_group
+from . import background, compile_cache, config, group_key, metrics, parallel_compile, recompiles, shape_generic
+from .group_lowering import LoweredGroup, adopt_code, generate_code, lower_group, prepare_group
 
 
 class TorchScriptExecutable:
     """Runs a fusion group's subgraph with the TorchScript graph executor;
     each run is counted by ``count`` (the name): a fallback by default, a run
     while compiling (``metrics.count_interpreted_group_call``), or nothing
-    (None: a setup graph's group, nothing worth compiling)."""
+    (None: a setup graph's group, nothing worth compiling). ``strides``
+    (per output, None: as TorchScript gives it) copies outputs into the
+    layouts the group's code will give them: the groups after it then see
+    the inputs they will see once it runs generated code."""
 
-    def __init__(self, graph: torch._C.Graph, name: str, count=metrics.count_fallback_group_call):
+    def __init__(self, graph: torch._C.Graph, name: str, count=metrics.count_fallback_group_call,
+                 strides: list | None = None):
         graph = graph.copy()
         outputs = list(graph.outputs())
         self.num_outputs = len(outputs)
@@ -44,17 +48,39 @@ class TorchScriptExecutable:
         self.function = torch._C._create_function_from_graph(name.replace(".", "_"), graph)
         self.name = name
         self.count = count
+        self.strides = strides
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.count is not None:
             self.count(self.name)
         out = self.function(*inputs)
-        if self.num_outputs == 1:
-            return [out]
-        out = list(out)
+        out = [out] if self.num_outputs == 1 else list(out)
+        if self.strides is not None:
+            out = [_with_strides(t, s) for t, s in zip(out, self.strides)]
         for k, j in self.shared:
             out[k] = out[j]
         return out
+
+
+def _with_strides(t, strides: tuple | None):
+    if strides is None or not isinstance(t, torch.Tensor) or t.stride() == strides:
+        return t
+    try:
+        return in_layout(t, strides)
+    except RuntimeError:  # a layout no copy can write (overlapping other than an expand's): as it is
+        return t
+
+
+def in_layout(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """``t``'s values in a tensor of ``strides``. A dim of stride 0 (an
+    expand's) holds one value: its first. Raises for other overlapping layouts."""
+    broadcast = [d for d, (n, st) in enumerate(zip(t.shape, strides)) if st == 0 and n > 1]
+    base = torch.empty_strided([1 if d in broadcast else n for d, n in enumerate(t.shape)], strides,
+                               dtype=t.dtype, device=t.device)
+    source = t
+    for d in broadcast:
+        source = source.narrow(d, 0, 1)
+    return base.copy_(source).expand(t.shape)
 
 
 def _shared_outputs(outputs: list[torch._C.Value]) -> list[tuple[int, int]]:
@@ -134,11 +160,16 @@ class ScalarGuards:
 
 @dataclasses.dataclass
 class _Compiling:
-    """A group's shape-generic code compiling on the worker thread: the group
-    runs in TorchScript until ``future`` is done (its result: the code, or
-    None when that compile failed and the static form is to be compiled)."""
+    """A group's code compiling elsewhere: the group runs in TorchScript until
+    ``future`` is done. On the background thread, a shape-generic form (the
+    future's result: the code, or None when that compile failed and the
+    static form is to be compiled); ``deferred``, a static compile left to
+    its graph's flush (``parallel_compile``; None: it failed)."""
     future: Future
     started_here: bool  # this group's sizes asked for it (else it waits on its family's)
+    deferred: bool = False
+    strides: list | None = None  # the outputs' in the code to come (TorchScriptExecutable)
+    compiled_for: list | None = None  # deferred: (shape, strides, dtype, device) of the inputs the code takes
 
 
 class GroupExecutable:
@@ -152,7 +183,10 @@ class GroupExecutable:
         self.layout = None  # TensorGuards of the inputs the current code was compiled for
         self._layouts: list[tuple[TensorGuards, str]] = []  # (guard, cache key) per layout seen
         self._family = None  # group_key.family(graph), computed at the first compile
-        self._run = self._for_layout
+        # The input layouts a deferred compile's code took (parallel_compile), until another layout came.
+        self._guessed_layouts: list[tuple] | None = None
+        self._run = self._first_run
+        parallel_compile.bound(name)
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self._run(inputs)
@@ -168,6 +202,12 @@ class GroupExecutable:
         self.cfg = dataclasses.replace(self.cfg, donated_inputs=accepted)
         return list(accepted)
 
+    def _first_run(self, inputs):
+        try:
+            return self._for_layout(inputs)
+        finally:
+            parallel_compile.ran_first(self.name)  # the graph's last group: its deferred compiles run
+
     def _for_layout(self, inputs, count_miss=True):
         """First run, or inputs unlike those the current code was compiled for:
         LTC's graph hash fixes shapes and dtypes but not strides (a
@@ -176,10 +216,15 @@ class GroupExecutable:
             if guard.check(*inputs):
                 break
         else:
+            if self._adapt_layouts(inputs):
+                return self._run(inputs)
             guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key())
             self._layouts.append((guard, key))
         self.layout, self.cache_key = guard, key
         self._use(self._lowered_for(inputs, count_miss))
+        return self._run_new_code(inputs)
+
+    def _run_new_code(self, inputs):
         try:
             return self._run(inputs)
         except Exception as exc:  # noqa: BLE001 - at O1 code that fails its first run falls back
@@ -189,6 +234,44 @@ class GroupExecutable:
             self._use(None)  # else every later step would fail the same way
             return self._run(inputs)
 
+    def _adapt_layouts(self, inputs) -> bool:
+        """Code compiled while its graph ran in TorchScript (parallel_compile)
+        took the layouts TorchScript gave its inputs, copied into those the
+        code before it was to return; where that code returns another layout
+        of the same sizes (Inductor lays out a view of an intermediate its
+        own way), the group copies those inputs into the layouts its code
+        takes rather than compiling again. Once, for the layout that first
+        came: any other is a variant like any other."""
+        expected, self._guessed_layouts = self._guessed_layouts, None
+        if expected is None or self.lowered is None or len(expected) != len(inputs):
+            return False
+        moved = []
+        for i, (t, (shape, strides, dtype, device)) in enumerate(zip(inputs, expected)):
+            if (t.shape, t.dtype, t.device) != (shape, dtype, device):
+                return False
+            if t.stride() != strides:
+                moved.append((i, strides))
+        if not moved:
+            return False
+        try:
+            for i, strides in moved:
+                in_layout(inputs[i], strides)
+        except RuntimeError:  # a layout no copy can write: compile for these inputs instead
+            return False
+        metrics.count_cache("layout_adapted")
+        guard, code = layout_guard(inputs), self._run
+
+        def adapted(inputs):
+            if not guard.check(*inputs):
+                return self._for_layout(inputs)
+            inputs = list(inputs)
+            for i, strides in moved:
+                inputs[i] = in_layout(inputs[i], strides)
+            return code(inputs)
+
+        self._run = adapted
+        return True
+
     def _guarded(self, inputs):
         if not self.layout.check(*inputs):
             return self._for_layout(inputs)
@@ -197,7 +280,8 @@ class GroupExecutable:
     def _use(self, lowered):
         if isinstance(lowered, _Compiling):
             self.lowered, self._compiling = None, lowered
-            self._interpreter = TorchScriptExecutable(self.graph, self.name, metrics.count_interpreted_group_call)
+            self._interpreter = TorchScriptExecutable(self.graph, self.name, metrics.count_interpreted_group_call,
+                                                      lowered.strides)
             self._run = self._while_compiling
             return
         self.lowered = lowered
@@ -214,6 +298,10 @@ class GroupExecutable:
         if not compiling.future.done():
             return self._interpreter(inputs)
         self._compiling = self._interpreter = None
+        if compiling.deferred:
+            self._use(compiling.future.result())
+            self._guessed_layouts = compiling.compiled_for
+            return self._run_new_code(inputs)
         generic = None if compiling.future.exception() is not None else compiling.future.result()
         if generic is not None and compiling.started_here:
             recompiles.add_variant(self._family, self.graph, self.name, inputs, generic.guards, self.describe,
@@ -246,7 +334,7 @@ class GroupExecutable:
         if lowered is None:
             if self._failed_before():
                 return None
-            compiling = self._in_background(inputs, sighting)
+            compiling = self._in_background(inputs, sighting) or self._deferred(inputs, sighting)
             if compiling is not None:
                 return compiling
             with compile_cache.exclusive(self.cache_key, self.cfg, self._waiting):
@@ -299,12 +387,15 @@ class GroupExecutable:
                 lowered = ((planned and self._compile_generic(inputs, sighting, planned))
                            or lower_group(self.graph, inputs, self.name, self.cfg))
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
-            compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
-            self._fail(exc)
+            self._compile_failed(exc)
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return lowered
+
+    def _compile_failed(self, exc: Exception) -> None:
+        compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
+        self._fail(exc)
 
     def _fail(self, exc: Exception) -> None:
         """A group that cannot be lowered: O1 runs it in TorchScript, O2 fails."""
@@ -338,15 +429,35 @@ class GroupExecutable:
         if self.cfg.progress:
             print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic in the background "
                   f"({self.num_ops} ops); it runs in TorchScript until then", file=sys.stderr, flush=True)
-        # What the compile reads of the inputs: the values of 0-d ones, copied
-        # (later steps may overwrite them), and sizes and strides, held by a
-        # view of each (TorchScript resizes an out= input in place, as
-        # arange's: the compile must see the sizes LTC traced).
-        example = [t.clone() if t.dim() == 0 else t.as_strided(t.shape, t.stride(), t.storage_offset())
-                   for t in inputs]
+        example = _snapshot(inputs)
         return _Compiling(background.submit(sighting.family,
                                             lambda: self._compile_generic(example, sighting, planned, True)),
                           started_here=True)
+
+    def _deferred(self, inputs, sighting):
+        """During its graph's first execution, a static compile waits for the
+        graph's other groups, to generate code beside theirs
+        (``parallel_compile``): a ``_Compiling`` for it; None: compile here
+        and now. The group is lowered to FX here (a failure is reported as
+        in any compile, and it runs in TorchScript), which tells the layouts
+        of the outputs its code will return."""
+        if not parallel_compile.applies(self.name, self.cfg):
+            return None
+        if sighting is not None and shape_generic.plan(sighting, inputs) is not None:
+            return None  # a shape-generic form, planned from the sizes seen so far
+        recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
+                                  self.cfg.key())
+        if sighting is not None:
+            shape_generic.observe(sighting)  # the graph's later groups see these sizes, as after a compile
+        job = DeferredCompile(self, _snapshot(inputs))
+        leader = parallel_compile.job_for(self.name, self.cache_key)
+        if leader is not None:
+            job.follow(leader)  # alike to a group deferred before it in this graph: compiled once
+        elif not job.prepare():
+            return _Compiling(job.done_now(), started_here=True, deferred=True)  # failed: TorchScript
+        return _Compiling(parallel_compile.defer(self.name, job), started_here=True, deferred=True,
+                          strides=job.output_strides,
+                          compiled_for=[(t.shape, t.stride(), t.dtype, t.device) for t in job.inputs])
 
     def _compile_generic(self, inputs, sighting, planned, in_background=False):
         """The shape-generic form planned by ``shape_generic.plan``; None
@@ -369,3 +480,100 @@ class GroupExecutable:
             print(f"lazy_mlir: {self.name} compiled shape-generic in {time.perf_counter() - start:.1f} s",
                   file=sys.stderr, flush=True)
         return lowered
+
+
+def _snapshot(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What a later compile reads of a group's inputs: the values of 0-d ones,
+    copied (later steps may overwrite them), and sizes and strides, held by a
+    view of each (TorchScript resizes an out= input in place, as arange's:
+    the compile must see the sizes LTC traced)."""
+    return [t.clone() if t.dim() == 0 else t.as_strided(t.shape, t.stride(), t.storage_offset()) for t in inputs]
+
+
+class DeferredCompile:
+    """A group's static compile left to its graph's flush (``parallel_compile``):
+    ``prepare`` (TS to exported FX, in the step), then at the flush
+    ``generate`` here or a worker's artefact, and ``finish`` hands the code
+    to the group. A follower (a group alike to one deferred before it) takes
+    its leader's code from the cache."""
+
+    def __init__(self, executable: GroupExecutable, inputs: list[torch.Tensor]):
+        self.executable, self.inputs = executable, inputs
+        self.cfg, self.key = executable.cfg, executable.cache_key
+        self.name, self.num_ops = executable.name, executable.num_ops
+        self.future: Future | None = None
+        self.prepared = self.lowered = self.output_strides = None
+        self.leader: DeferredCompile | None = None
+        self.artefact, self.worker_seconds, self.worker_failure = None, 0.0, None
+
+    def prepare(self) -> bool:
+        """Lowers the group to FX (False: that failed, reported)."""
+        try:
+            self.prepared = prepare_group(self.executable.graph, self.inputs, self.name, self.cfg, keep_graph=True)
+        except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
+            self.executable._compile_failed(exc)
+            return False
+        if isinstance(self.prepared, LoweredGroup):  # code already (not Inductor's)
+            self.lowered, self.prepared = self.prepared, None
+        else:
+            self.output_strides = self.prepared.output_strides()
+        return True
+
+    def follow(self, leader: DeferredCompile) -> None:
+        self.leader, self.output_strides = leader, leader.output_strides
+
+    def done_now(self) -> Future:
+        future = Future()
+        future.set_result(None)
+        return future
+
+    @property
+    def portable(self) -> bool:
+        """Whether a worker can take it: its exported graph kept as bytes."""
+        return self.prepared is not None and self.prepared.artifacts is not None
+
+    def request(self) -> tuple:
+        return self.name, self.prepared.artifacts["graph"], [parallel_compile.input_layout(t) for t in self.inputs]
+
+    def generated_elsewhere(self, artefact: bytes, seconds: float) -> None:
+        """A worker's code for it (loaded by ``finish``)."""
+        self.artefact, self.worker_seconds = artefact, seconds
+        if self.cfg.progress:
+            print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {seconds:.1f} s in a compile worker",
+                  file=sys.stderr, flush=True)
+
+    def generate(self) -> None:
+        """Its code, generated in this process."""
+        if self.worker_failure and self.cfg.progress:
+            print(f"lazy_mlir: {self.name}: the compile worker failed it ({self.worker_failure}); compiling it here",
+                  file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        try:
+            self.lowered = generate_code(self.prepared, self.cfg)
+        except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
+            self.executable._compile_failed(exc)
+            return
+        if self.cfg.progress:
+            print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        ex = self.executable
+        if self.artefact is not None:
+            try:
+                self.lowered = adopt_code(self.prepared, self.artefact, self.cfg)
+                metrics.record_worker_compile(self.worker_seconds)
+            except Exception as exc:  # noqa: BLE001 - generated here instead
+                self.worker_failure = f"its code does not load here: {type(exc).__name__}: {exc}"
+                self.generate()
+        elif self.leader is not None:
+            # the leader's code, or its failure; else (another guard value) its own compile
+            self.lowered = ex._cached(self.inputs, count_miss=False)
+            if self.lowered is None and not ex._failed_before() and self.prepare() and self.prepared is not None:
+                self.generate()
+        if self.lowered is not None:
+            if self.prepared is not None:
+                compile_cache.store(self.key, self.lowered, self.cfg)
+            recompiles.add_variant(ex._family, ex.graph, self.name, self.inputs, self.lowered.guards, ex.describe,
+                                   self.cfg, self.cfg.key())
+        self.future.set_result(self.lowered)

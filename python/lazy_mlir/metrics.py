@@ -22,7 +22,8 @@ _groups: dict[str, int] = {}          # group name -> op count
 _failure_reasons: dict[str, str] = {}  # group name -> why it runs in TorchScript (kept across reset)
 _fallen_back: dict[str, str] = {}      # groups that failed or ran in TorchScript since reset -> why
 _fallback_group_calls = 0              # runs of such groups since reset
-_interpreted_group_calls = 0           # runs in TorchScript while their code compiled in the background
+_interpreted_group_calls = 0           # runs in TorchScript while their code compiled (background, parallel_compile)
+_worker_compiles = [0, 0.0]            # groups whose code a compile worker generated, and its seconds there
 _stage_seconds: collections.Counter = collections.Counter()
 _stage_runs: collections.Counter = collections.Counter()  # how often each stage ran
 _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss" / "wait"
@@ -68,7 +69,8 @@ def count_fallback_group_call(name: str) -> None:
 
 
 def count_interpreted_group_call(name: str) -> None:
-    """A group ran its TorchScript subgraph while its code compiled in the background."""
+    """A group ran its TorchScript subgraph while its code compiled: in the
+    background, or beside its graph's other groups (parallel_compile)."""
     global _interpreted_group_calls
     with _lock:
         _interpreted_group_calls += 1
@@ -78,6 +80,13 @@ def record_group(name: str, num_ops: int) -> None:
     """A fusion group bound into a graph (it compiles at its first run)."""
     with _lock:
         _groups[name] = num_ops
+
+
+def record_worker_compile(seconds: float) -> None:
+    """A group's code came from a compile worker, which took ``seconds``."""
+    with _lock:
+        _worker_compiles[0] += 1
+        _worker_compiles[1] += seconds
 
 
 def record_stage(stage: str, seconds: float) -> None:
@@ -173,6 +182,7 @@ def snapshot() -> dict:
         fallen_back = dict(_fallen_back)
         fallback_group_calls = _fallback_group_calls
         interpreted_group_calls = _interpreted_group_calls
+        worker_compiles, worker_seconds = _worker_compiles
         fallback_sources = dict(_fallback_sources)
         syncs = dict(_syncs)
         stages = dict(_stage_seconds)
@@ -217,6 +227,10 @@ def snapshot() -> dict:
         "group_cache_misses": group_cache.get("miss", 0),
         # misses that another process (a rank of the job) was compiling: waited for, then read from disk
         "group_cache_waits": group_cache.get("wait", 0),
+        # groups whose code a compile worker process generated (parallel_compile)
+        "worker_compiles": worker_compiles,
+        # groups that copy inputs into the layouts their deferred compile took, instead of compiling again
+        "layouts_adapted": group_cache.get("layout_adapted", 0),
         # shape_generic: sizes served by a generic variant, generic compiles, failed tries
         "generic_hits": group_cache.get("generic_hit", 0),
         "generic_disk_hits": group_cache.get("generic_disk_hit", 0),  # variants read from the cache folder
@@ -232,6 +246,7 @@ def snapshot() -> dict:
             "group_build": sum(stages.values()),
             "execute": stats["execute_ns"] / 1e9,
             "group_run": stats["group_ns"] / 1e9,
+            "worker_codegen": worker_seconds,  # in compile workers, beside this process's stages
             **{f"stage.{k}": v for k, v in stages.items()},
         },
     }
@@ -251,6 +266,7 @@ def reset() -> None:
         _fallen_back.clear()
         _fallback_group_calls = 0
         _interpreted_group_calls = 0
+        _worker_compiles[:] = [0, 0.0]
         _stage_seconds.clear()
         _stage_runs.clear()
         _setup.clear()
@@ -272,13 +288,18 @@ def report() -> str:
         f"  graph executions     {s['graph_executions']}  ({s['executions_per_mark_step']:.2f} per mark_step)",
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
         f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code"
-        + (f", {s['interpreted_group_calls']} TorchScript while compiling in the background"
+        + (f", {s['interpreted_group_calls']} TorchScript while their code compiled"
            if s["interpreted_group_calls"] else "") + ")",
         f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
         f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_disk_hits']} from disk, "
         f"{s['group_cache_misses']} misses"
         + (f" ({s['group_cache_waits']} compiled by another process meanwhile)" if s["group_cache_waits"] else ""),
     ]
+    if s["worker_compiles"]:
+        lines.append(f"  compile workers      {s['worker_compiles']} groups' code generated beside this process "
+                     f"({s['seconds']['worker_codegen']:.1f} s there)"
+                     + (f"; {s['layouts_adapted']} groups copy inputs into the layouts their code took"
+                        if s["layouts_adapted"] else ""))
     if s["generic_hits"] or s["generic_compiles"] or s["generic_failed"]:
         lines.append(f"  shape-generic        {s['generic_hits']} sizes served ({s['generic_disk_hits']} variants "
                      f"read from disk), {s['generic_compiles']} compiled, {s['generic_failed']} failed (compiled static)")

@@ -76,7 +76,8 @@ _runs: dict[tuple, tuple] = {}  # one eager and one lazy run per (variant, shape
 
 @pytest.fixture(scope="module")
 def lazy_o1():
-    lazy_mlir.init("O1")
+    # A dropout step's groups (dropout stays in TorchScript) compile side by side (parallel_compile)
+    lazy_mlir.init("O1", compile_workers=1)
     yield
     lazy_mlir.init("O1")
 
@@ -123,8 +124,14 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
         assert s["graph_executions"] == s["mark_steps"] > 0, report
         assert s["fallback_count"] == 0, report
         assert s["groups_fallen_back"] == {}, report
-        # generated code ran, never a group's TorchScript subgraph
-        assert s["compiled_group_calls"] == s["group_calls"] >= s["mark_steps"], report
+        # generated code ran, never a group's TorchScript subgraph but in the
+        # first step of a graph whose groups compiled side by side
+        interpreted = s["interpreted_group_calls"]
+        assert s["compiled_group_calls"] + interpreted == s["group_calls"] >= s["mark_steps"], report
+        assert interpreted == 0 or (phase == "warmup" and s["groups_per_graph"] and
+                                    interpreted <= sum(s["groups_per_graph"].values())), report
+    if v.dropout:  # several groups: the first step's compiles waited for its end, to run side by side
+        assert lazy.phases["warmup"]["interpreted_group_calls"] > 0, lazy.reports["warmup"]
     steady = lazy.phases["steady"]
     report = lazy.reports["steady"]
     assert steady["compiles"] == steady["cache_misses"] == steady["group_cache_misses"] == 0, report
