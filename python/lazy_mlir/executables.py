@@ -19,7 +19,7 @@ import torch
 from torch._C._dynamo.guards import TensorGuards
 
 from . import background, compile_cache, config, group_key, metrics, parallel_compile, recompiles, shape_generic
-from .group_lowering import LoweredGroup, adopt_code, generate_code, lower_group, prepare_group
+from .group_lowering import adopt_code, generate_code, lower_group, prepare_group
 
 
 class TorchScriptExecutable:
@@ -304,8 +304,7 @@ class GroupExecutable:
             return self._run_new_code(inputs)
         generic = None if compiling.future.exception() is not None else compiling.future.result()
         if generic is not None and compiling.started_here:
-            recompiles.add_variant(self._family, self.graph, self.name, inputs, generic.guards, self.describe,
-                                   self.cfg, self.cfg.key())
+            self._add_variant(inputs, generic.guards)
         # as at a first run: the generic code if it admits these sizes, else a
         # compile (its cache miss was counted when the background compile began)
         return self._for_layout(inputs, count_miss=False)
@@ -343,8 +342,7 @@ class GroupExecutable:
                 if lowered is None:
                     if self._failed_before():
                         return None
-                    recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe,
-                                              self.cfg, self.cfg.key())
+                    self._before_compile(inputs)
                     lowered = self._compile(inputs, sighting)
                     if lowered is None:
                         return None
@@ -352,8 +350,7 @@ class GroupExecutable:
         if sighting is not None:
             shape_generic.observe(sighting)
         if generic is None:  # a size served by generic code is no new variant
-            recompiles.add_variant(self._family, self.graph, self.name, inputs, lowered.guards, self.describe,
-                                   self.cfg, self.cfg.key())
+            self._add_variant(inputs, lowered.guards)
         return lowered
 
     def _cached(self, inputs, count_miss):
@@ -393,6 +390,16 @@ class GroupExecutable:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return lowered
 
+    def _before_compile(self, inputs) -> None:
+        """Explains the compile to come (recompiles)."""
+        recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
+                                  self.cfg.key())
+
+    def _add_variant(self, inputs, guards) -> None:
+        """Records the variant now serving these inputs (recompiles)."""
+        recompiles.add_variant(self._family, self.graph, self.name, inputs, guards, self.describe, self.cfg,
+                               self.cfg.key())
+
     def _compile_failed(self, exc: Exception) -> None:
         compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
         self._fail(exc)
@@ -424,8 +431,7 @@ class GroupExecutable:
         planned = shape_generic.plan(sighting, inputs)
         if planned is None:
             return None
-        recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
-                                  self.cfg.key())
+        self._before_compile(inputs)
         if self.cfg.progress:
             print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic in the background "
                   f"({self.num_ops} ops); it runs in TorchScript until then", file=sys.stderr, flush=True)
@@ -445,16 +451,17 @@ class GroupExecutable:
             return None
         if sighting is not None and shape_generic.plan(sighting, inputs) is not None:
             return None  # a shape-generic form, planned from the sizes seen so far
-        recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
-                                  self.cfg.key())
+        self._before_compile(inputs)
         if sighting is not None:
             shape_generic.observe(sighting)  # the graph's later groups see these sizes, as after a compile
         job = DeferredCompile(self, _snapshot(inputs))
         leader = parallel_compile.job_for(self.name, self.cache_key)
         if leader is not None:
             job.follow(leader)  # alike to a group deferred before it in this graph: compiled once
-        elif not job.prepare():
-            return _Compiling(job.done_now(), started_here=True, deferred=True)  # failed: TorchScript
+        elif not job.prepare():  # failed (reported): TorchScript from now on
+            failed = Future()
+            failed.set_result(None)
+            return _Compiling(failed, started_here=True, deferred=True)
         return _Compiling(parallel_compile.defer(self.name, job), started_here=True, deferred=True,
                           strides=job.output_strides,
                           compiled_for=[(t.shape, t.stride(), t.dtype, t.device) for t in job.inputs])
@@ -513,19 +520,11 @@ class DeferredCompile:
         except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
             self.executable._compile_failed(exc)
             return False
-        if isinstance(self.prepared, LoweredGroup):  # code already (not Inductor's)
-            self.lowered, self.prepared = self.prepared, None
-        else:
-            self.output_strides = self.prepared.output_strides()
+        self.output_strides = self.prepared.output_strides()  # Inductor's (parallel_compile.applies)
         return True
 
     def follow(self, leader: DeferredCompile) -> None:
         self.leader, self.output_strides = leader, leader.output_strides
-
-    def done_now(self) -> Future:
-        future = Future()
-        future.set_result(None)
-        return future
 
     @property
     def portable(self) -> bool:
@@ -569,11 +568,10 @@ class DeferredCompile:
         elif self.leader is not None:
             # the leader's code, or its failure; else (another guard value) its own compile
             self.lowered = ex._cached(self.inputs, count_miss=False)
-            if self.lowered is None and not ex._failed_before() and self.prepare() and self.prepared is not None:
+            if self.lowered is None and not ex._failed_before() and self.prepare():
                 self.generate()
         if self.lowered is not None:
             if self.prepared is not None:
                 compile_cache.store(self.key, self.lowered, self.cfg)
-            recompiles.add_variant(ex._family, ex.graph, self.name, self.inputs, self.lowered.guards, ex.describe,
-                                   self.cfg, self.cfg.key())
+            ex._add_variant(self.inputs, self.lowered.guards)
         self.future.set_result(self.lowered)

@@ -259,8 +259,3 @@ def _generate(jobs: list, workers: list[WorkerProcess]) -> None:
         for worker in workers:
             worker.close()
 
-
-def forget() -> None:
-    """Drops the bookkeeping of graphs (tests)."""
-    with _lock:
-        _graphs.clear()
