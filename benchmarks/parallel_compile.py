@@ -34,6 +34,7 @@ import tempfile
 import time
 
 from child import exit_if_failed, run_child
+from lazy_mlir.config import default_compile_workers
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 
@@ -102,7 +103,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt2,bert,t5")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=min(4, (os.cpu_count() or 1) // 2))
+    parser.add_argument("--workers", type=int, default=default_compile_workers())
     parser.add_argument("--json", default="parallel_compile.json")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()

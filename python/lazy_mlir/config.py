@@ -63,7 +63,7 @@ class Config:
     # parallel_compile); 0: one after the other, in the step.
     # LAZY_MLIR_COMPILE_WORKERS sets it; the default is half the CPUs, at most 4.
     compile_workers: int = dataclasses.field(default_factory=lambda: int(
-        os.environ.get("LAZY_MLIR_COMPILE_WORKERS") or min(4, (os.cpu_count() or 1) // 2)))
+        os.environ.get("LAZY_MLIR_COMPILE_WORKERS") or default_compile_workers()))
     # Before a model's first training forward and an optimizer's first step,
     # do what lazy_mlir.prepare() does, so the first step traces (and
     # compiles) the steady-state graph (see steady_state). LAZY_MLIR_AUTO_PREPARE=0 turns it off.
@@ -141,6 +141,11 @@ def _env_flag(name: str, default: bool) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() not in ("0", "false", "off", "no")
+
+
+def default_compile_workers() -> int:
+    """Half the CPUs, at most 4: each worker and this process take a core."""
+    return min(4, (os.cpu_count() or 1) // 2)
 
 
 def _default_device() -> str:
