@@ -3,8 +3,9 @@
 Runs, each in its own subprocess and in one invocation: eager,
 torch.compile(model) with the optimizer step eager, torch.compile(model) with
 torch.compile(optimizer.step), the stock torch._lazy TorchScript backend, and
-lazy_mlir O0/O1/O2, and O1 without Config.fuse_optimizer (AdamW traced op by op instead of as one
-node). Eager and torch.compile run on the device that backs lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
+lazy_mlir O0/O1/O2, O1 without Config.fuse_optimizer (AdamW traced op by op instead of as one
+node), and O1 with the model captured (lazy_mlir.capture: forward and backward recorded once,
+replayed as one IR node each). Eager and torch.compile run on the device that backs lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
 median ms/step after warm-up, ratios to eager and to each torch.compile row,
 peak RSS, compile seconds (warm-up time above the median), graph executions
 and eager fallbacks per step, and for lazy_mlir rows the step's split into
@@ -35,14 +36,16 @@ import time
 
 from child import exit_if_failed, pick_round, run_child
 from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device,
-                       not_compiled, ratio_cells, split_cells, take_turns)
+                       not_captured, not_compiled, ratio_cells, split_cells, take_turns)
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
-            "lazy_mlir_O1_unfused_opt", "lazy_mlir_O2"]
+            "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture", "lazy_mlir_O2"]
 # lazy_mlir rows: level and init() options
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
                   # AdamW traced op by op (Config.fuse_optimizer, on by default, off)
-                  "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False})}
+                  "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False}),
+                  "lazy_mlir_O1_capture": ("O1", {})}
+CAPTURED_ROWS = {"lazy_mlir_O1_capture"}  # the model under lazy_mlir.capture
 
 
 def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
@@ -62,6 +65,8 @@ def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
         lazy_mlir.init(level, **{**init_options, **options})
     device = torch.device("lazy" if lazy else backing_device())
     model = make_gpt(cfg).to(device)
+    if variant in CAPTURED_ROWS:
+        lazy_mlir.capture(model)
     opt = make_adamw(model)
     forward = torch.compile(model) if variant in COMPILE_ROWS else model
     opt_step = torch.compile(opt.step) if variant == "compile_model_opt" else opt.step
@@ -114,7 +119,8 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
             "fallbacks_per_step": s["fallback_count"] / steps,
             "split_ms": split.medians_ms(warmup),
         })
-        why = not_compiled(s, LAZY_MLIR_ROWS[variant][0])
+        why = not_compiled(s, LAZY_MLIR_ROWS[variant][0]) or (
+            not_captured(s, steps) if variant in CAPTURED_ROWS else None)
         if why:
             result["failed"] = why
     elif variant == "ts_lazy":
@@ -143,13 +149,14 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     for v, r in results.items():
         r.update(variant=v, steps=steps)
         if v in LAZY_MLIR_ROWS:
-            why = not_compiled(metrics.snapshot(), LAZY_MLIR_ROWS[v][0])
+            s = metrics.snapshot()
+            why = not_compiled(s, LAZY_MLIR_ROWS[v][0]) or (not_captured(s, steps) if v in CAPTURED_ROWS else None)
             if why:
                 r["failed"] = why
     return results
 
 
-RATIO_HEADER = f"{'variant':<20}{'ms/step':>9}{RATIO_COLUMNS}"
+RATIO_HEADER = f"{'variant':<22}{'ms/step':>9}{RATIO_COLUMNS}"
 
 
 def _ratio_cells(ms: float, ok: dict[str, dict]) -> str:
@@ -160,7 +167,7 @@ def _print_loss_diffs(ok: dict[str, dict]) -> None:
     if "eager" in ok:
         for v, r in ok.items():
             diff = max(abs(a - b) for a, b in zip(ok["eager"]["losses"], r["losses"]))
-            print(f"  max |loss - eager loss| {v:<20} {diff:.2e}")
+            print(f"  max |loss - eager loss| {v:<22} {diff:.2e}")
 
 
 def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
@@ -170,10 +177,10 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
     print(f"{RATIO_HEADER}{'graph':>8}{'matmul':>8}{'outside':>9}")
     for v, r in results.items():
         if v not in ok:
-            print(f"{v:<20}  FAILED: {r['failed']}")
+            print(f"{v:<22}  FAILED: {r['failed']}")
             continue
         p = r["paired_ms"]
-        print(f"{v:<20}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
+        print(f"{v:<22}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
     print("  graph: inside Inductor-generated code (kernels and their Python wrapper); matmul: its "
           "mm/addmm/bmm calls; outside: the rest of the step (Python, autograd, lazy tracing, LTC)")
     _print_loss_diffs(ok)
@@ -231,9 +238,9 @@ def main():
     print(f"{RATIO_HEADER}{'compile s':>10}{'RSS MB':>8}{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
     for v, r in results.items():
         if v in failed:
-            print(f"{v:<20}  FAILED: {failed[v]}")
+            print(f"{v:<22}  FAILED: {failed[v]}")
             continue
-        print(f"{v:<20}{_ratio_cells(r['ms_per_step'], ok)}"
+        print(f"{v:<22}{_ratio_cells(r['ms_per_step'], ok)}"
               f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
               f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
               f"{r['final_loss']:>9.4f}")

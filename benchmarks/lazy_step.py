@@ -112,6 +112,16 @@ def not_compiled(s: dict, level: str) -> str | None:
     return None
 
 
+def not_captured(s: dict, steps: int) -> str | None:
+    """Why a row with its model captured (lazy_mlir.capture) did not replay
+    every timed step's forward (``s``: metrics.snapshot() over those steps)."""
+    if s["capture_refused"]:
+        return f"the forward ran op by op: {s['capture_refusals']}"
+    if s["captured_calls"] != steps:
+        return f"{s['captured_calls']} of {steps} forwards replayed"
+    return None
+
+
 class GeneratedCodeClock:
     """Time spent in Inductor-generated code, for any row that runs some
     (torch.compile's and lazy_mlir's alike): ``graph`` inside compiled graph

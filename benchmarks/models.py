@@ -29,12 +29,12 @@ import sys
 import time
 
 from child import exit_if_failed, pick_round, run_child
-from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device, not_compiled, ratio_cells,
-                       split_cells, take_turns)
+from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device, not_captured, not_compiled,
+                       ratio_cells, split_cells, take_turns)
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
-VARIANTS = ["eager", "compile_model", "compile_model_opt", "lazy_mlir_O1"]
+VARIANTS = ["eager", "compile_model", "compile_model_opt", "lazy_mlir_O1", "lazy_mlir_O1_capture"]
 
 
 def _make_step(name: str, variant: str):
@@ -48,13 +48,15 @@ def _make_step(name: str, variant: str):
     if lazy:
         import torch._lazy
         import lazy_mlir
-        lazy_mlir.init(variant.rsplit("_", 1)[1])
+        lazy_mlir.init(_level(variant))
     device = torch.device("lazy" if lazy else backing_device())
     v, spec = zoo.base_variant(name), zoo.SPECS[name]
     model = zoo.make_model(v, torch.float32).to(device)
     model.train()
     opt = spec.optimizer(model)
     forward = torch.compile(model) if variant in COMPILE_ROWS else model
+    if variant.endswith("_capture"):
+        lazy_mlir.capture(model)
     opt_step = torch.compile(opt.step) if variant == "compile_model_opt" else opt.step
 
     def step(batch, mark_step=None):
@@ -69,12 +71,17 @@ def _make_step(name: str, variant: str):
     return step, lambda n: zoo.batches(v, n, torch.float32)[:n]  # full batches, one shape
 
 
+def _level(variant: str) -> str:
+    """"O1" of "lazy_mlir_O1" and "lazy_mlir_O1_capture"."""
+    return variant.split("_")[2]
+
+
 def _lazy_checks(variant: str, steps: int) -> dict:
     from lazy_mlir import metrics
     s = metrics.snapshot()
     result = {"executions_per_step": s["graph_executions"] / steps, "fallbacks_per_step": s["fallback_count"] / steps,
               "syncs": s["syncs"]}
-    why = not_compiled(s, variant.rsplit("_", 1)[1])
+    why = not_compiled(s, _level(variant)) or (not_captured(s, steps) if variant.endswith("_capture") else None)
     if why:
         result["failed"] = why
     return result
@@ -161,24 +168,24 @@ def main():
     print(f"\nZoo training steps (fp32) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
           f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
-    print(f"{'model':<10}{'variant':<18}{'ms/step':>9}{RATIO_COLUMNS}{'first s':>9}"
+    print(f"{'model':<10}{'variant':<22}{'ms/step':>9}{RATIO_COLUMNS}{'first s':>9}"
           f"{'exec/step':>10}{'fallb/step':>11}{detail}{'loss':>9}")
     for name in args.models.split(","):
         ok = {v: r for (m, v), r in results.items() if m == name and "failed" not in r}
         for variant in args.only.split(","):
             r = results[(name, variant)]
             if "failed" in r:
-                print(f"{name:<10}{variant:<18}  FAILED: {r['failed']}")
+                print(f"{name:<10}{variant:<22}  FAILED: {r['failed']}")
                 continue
             ms = r["ms_per_step"]
             detail_cells = (f"{r['paired_ms']['graph']:>8.2f}{r['paired_ms']['outside']:>9.2f}" if args.paired
                             else split_cells(r.get("split_ms")))
-            print(f"{name:<10}{variant:<18}{ms:>9.2f}{ratio_cells(ms, ok)}"
+            print(f"{name:<10}{variant:<22}{ms:>9.2f}{ratio_cells(ms, ok)}"
                   f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
                   f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
                   + detail_cells + f"{r['final_loss']:>9.4f}")
             for where, n in r.get("syncs", {}).items():
-                print(f"{'':<28}sync: {n / args.steps:g}/step at {where}")
+                print(f"{'':<32}sync: {n / args.steps:g}/step at {where}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
           "torch.compile(optimizer.step); " + ("graph: ms in Inductor-generated code, outside: the rest of the "
                                                "step (medians)" if args.paired else

@@ -36,16 +36,24 @@ bool BuiltinOpNode::CanBeReused(c10::Symbol op, const std::vector<torch::lazy::V
 
 torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                              torch::lazy::TSLoweringContext* loctx) const {
+  return lowerBuiltinCall(function, op().op, arguments_, list_sizes_,
+                          [&](size_t index) { return loctx->GetOutputOp(operand(index)); });
+}
+
+torch::lazy::TSOpVector lowerBuiltinCall(const std::shared_ptr<torch::jit::GraphFunction>& function, c10::Symbol op,
+                                         const std::vector<BuiltinOpNode::Argument>& arguments,
+                                         const std::vector<int64_t>& list_sizes,
+                                         const std::function<torch::jit::Value*(size_t)>& operand_value) {
   auto& graph = *function->graph();
   std::vector<torch::jit::NamedValue> args, kwargs;
-  for (const auto& a : arguments_) {
+  for (const auto& a : arguments) {
     torch::jit::NamedValue value(a.constant);
     if (a.operand) {
-      value = torch::jit::NamedValue(loctx->GetOutputOp(operand(*a.operand)));
+      value = torch::jit::NamedValue(operand_value(*a.operand));
     } else if (a.operand_list) {
       std::vector<torch::jit::Value*> items;
       for (const auto& index : *a.operand_list) {
-        items.push_back(index ? loctx->GetOutputOp(operand(*index)) : graph.insertConstant(c10::IValue()));
+        items.push_back(index ? operand_value(*index) : graph.insertConstant(c10::IValue()));
       }
       auto elem = a.list_type->expectRef<c10::ListType>().getElementType();
       value = torch::jit::NamedValue(graph.insertNode(graph.createList(elem, items))->output());
@@ -56,10 +64,10 @@ torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFu
       args.push_back(std::move(value));
     }
   }
-  auto returns = torch::lazy::LowerTSBuiltin(function, op().op, args, kwargs);
-  if (list_sizes_.empty()) return returns;
-  TORCH_CHECK(returns.size() == list_sizes_.size(), "lazy_mlir: ", op().op.toQualString(), " lowered to ",
-              returns.size(), " values, expected ", list_sizes_.size());
+  auto returns = torch::lazy::LowerTSBuiltin(function, op, args, kwargs);
+  if (list_sizes.empty()) return returns;
+  TORCH_CHECK(returns.size() == list_sizes.size(), "lazy_mlir: ", op.toQualString(), " lowered to ",
+              returns.size(), " values, expected ", list_sizes.size());
   // The builtin call packs several returns into a tuple, unused here: a
   // list-typed value must not reach the glue graph (groups exchange tensors).
   for (const auto& use : returns[0]->uses()) {
@@ -71,10 +79,10 @@ torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFu
   }
   torch::lazy::TSOpVector flat;  // a Tensor[] return contributes its items
   for (size_t r = 0; r < returns.size(); ++r) {
-    if (list_sizes_[r] < 0) {
+    if (list_sizes[r] < 0) {
       flat.push_back(returns[r]);
-    } else if (list_sizes_[r] > 0) {
-      auto* unpack = graph.insertNode(graph.createListUnpack(returns[r], list_sizes_[r]));
+    } else if (list_sizes[r] > 0) {
+      auto* unpack = graph.insertNode(graph.createListUnpack(returns[r], list_sizes[r]));
       for (auto* v : unpack->outputs()) flat.push_back(v);
     }
   }
@@ -90,15 +98,11 @@ std::string BuiltinOpNode::ToString() const {
   return ss.str();
 }
 
-namespace {
-
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload) {
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
   TORCH_CHECK(handle.has_value(), "lazy_mlir: no operator ", name, ".", overload);
   return handle->schema();
 }
-
-}  // namespace
 
 std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
                                      const pybind11::list& args,

@@ -11,6 +11,7 @@
 #include <torch/csrc/lazy/ts_backend/ts_node.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <functional>
 #include <optional>
 
 namespace lazy_mlir {
@@ -50,6 +51,17 @@ class BuiltinOpNode : public torch::lazy::TsNode {
   std::vector<Argument> arguments_;
   std::vector<int64_t> list_sizes_;
 };
+
+// Lowers one call of builtin `op` into `function`'s graph: `operand_value`
+// gives the TorchScript value of each tensor operand index of `arguments`.
+// Returns the call's outputs, Tensor[] returns flattened as for BuiltinOpNode.
+torch::lazy::TSOpVector lowerBuiltinCall(const std::shared_ptr<torch::jit::GraphFunction>& function, c10::Symbol op,
+                                         const std::vector<BuiltinOpNode::Argument>& arguments,
+                                         const std::vector<int64_t>& list_sizes,
+                                         const std::function<torch::jit::Value*(size_t)>& operand_value);
+
+// The schema of `name` ("aten::sin") and `overload` ("default" or e.g. "Tensor").
+const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload);
 
 // Traces `qualified_name` ("aten::sin", overload "default" or e.g. "Tensor")
 // on lazy tensors. `args` are the schema's arguments in order (defaults

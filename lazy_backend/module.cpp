@@ -18,6 +18,7 @@
 #include "parameter_settling.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
+#include "region_node.h"
 #include "source_locations.h"
 
 namespace py = pybind11;
@@ -68,6 +69,13 @@ PYBIND11_MODULE(_C, m) {
         "Trace an aten op without a lazy kernel as a TorchScript builtin node; returns lazy tensors.",
         py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"),
         py::arg("list_sizes") = std::vector<int64_t>());
+  py::class_<lazy_mlir::Region, std::shared_ptr<lazy_mlir::Region>>(m, "Region")
+      .def_property_readonly("name", [](const lazy_mlir::Region& r) { return r.name; })
+      .def_property_readonly("num_ops", [](const lazy_mlir::Region& r) { return r.ops.size(); });
+  m.def("make_region", &lazy_mlir::makeRegion, "Record a sequence of aten ops to replay as one IR node (region_node.h).",
+        py::arg("name"), py::arg("num_inputs"), py::arg("ops"), py::arg("outputs"), py::arg("output_shapes"));
+  m.def("trace_region", &lazy_mlir::traceRegion, "Trace a recorded region over lazy tensors as one IR node.",
+        py::arg("region"), py::arg("inputs"));
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,

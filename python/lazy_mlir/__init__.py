@@ -4,6 +4,7 @@
     lazy_mlir.init()                      # level="O1" by default
     model = Model().to("lazy"); opt = torch.optim.AdamW(model.parameters())
     # the first step traces the steady-state graph (auto_prepare; or lazy_mlir.prepare(model, opt))
+    lazy_mlir.capture(model)              # optional: forward and backward recorded once, replayed each step
     for x, y in data:
         loss = model(x.to("lazy"), y.to("lazy")); loss.backward()
         opt.step(); opt.zero_grad()
@@ -23,9 +24,10 @@ from . import steady_state, step_errors
 from . import syncs, transformers_compat
 from . import _C
 from .steady_state import prepare
+from .capture import capture
 from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
-__all__ = ["init", "prepare", "wait_for_compiles", "metrics", "config", "zero"]
+__all__ = ["init", "prepare", "capture", "wait_for_compiles", "metrics", "config", "zero"]
 
 
 def init(level: str = "O1", **options) -> config.Config:

@@ -30,6 +30,8 @@ _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "d
 _recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
+_captures: collections.Counter = collections.Counter()  # capture: "replayed" / "recorded" / "refused" calls
+_capture_refusals: dict[str, str] = {}  # module class -> why its forward runs op by op
 # What setup graphs (steady_state's) added to the backend's and LTC's counters:
 # left out of the step figures, counted as "setup_graphs".
 _setup: collections.Counter = collections.Counter()
@@ -106,6 +108,16 @@ def count_optimizer_group(unfused_reason: str | None) -> None:
     own per-tensor ops, and why (see fused_optimizer)."""
     with _lock:
         _optimizer_groups[unfused_reason] += 1
+
+
+def count_capture(outcome: str, module: str | None = None, why: str | None = None) -> None:
+    """A captured module's forward call: "replayed" (its record traced as
+    region nodes), "recorded" (traced on fake tensors first), or "refused"
+    (run op by op, ``why``)."""
+    with _lock:
+        _captures[outcome] += 1
+        if why is not None:
+            _capture_refusals[module] = why
 
 
 def count_cache(outcome: str) -> None:
@@ -190,6 +202,8 @@ def snapshot() -> dict:
         group_cache = dict(_group_cache)
         recompiles = [dict(r) for r in _recompiles]
         optimizer_groups = dict(_optimizer_groups)
+        captures = dict(_captures)
+        capture_refusals = dict(_capture_refusals)
     mark_steps = _ltc_counter("MarkStep") - setup.get("MarkStep", 0)
     uncached = _ltc_counter("UncachedCompile") - setup.get("UncachedCompile", 0)
     cached = _ltc_counter("CachedCompile") - setup.get("CachedCompile", 0)
@@ -239,6 +253,11 @@ def snapshot() -> dict:
         # Adam parameter-group steps traced as one node, and those that were not (why -> count)
         "optimizer_groups_fused": optimizer_groups.pop(None, 0),
         "optimizer_groups_unfused": optimizer_groups,
+        # lazy_mlir.capture: forward calls replayed as region nodes, recorded, run op by op (and why)
+        "captured_calls": captures.get("replayed", 0),
+        "capture_records": captures.get("recorded", 0),
+        "capture_refused": captures.get("refused", 0),
+        "capture_refusals": capture_refusals,
         "stage_runs": stage_runs,
         "recompiles": recompiles,
         "seconds": {
@@ -274,6 +293,8 @@ def reset() -> None:
         _recompiles.clear()
         _collective_bytes.clear()
         _optimizer_groups.clear()
+        _captures.clear()
+        _capture_refusals.clear()
 
 
 def report() -> str:
@@ -311,6 +332,11 @@ def report() -> str:
         why = ", ".join(f"{n} x {reason}" for reason, n in s["optimizer_groups_unfused"].items())
         lines.append(f"  optimizer groups     {s['optimizer_groups_fused']} fused steps, {unfused} not fused"
                      + (f" ({why})" if why else ""))
+    if s["captured_calls"] or s["capture_records"] or s["capture_refused"]:
+        lines.append(f"  captured forwards    {s['captured_calls']} calls replayed, {s['capture_records']} recorded, "
+                     f"{s['capture_refused']} run op by op")
+        for module, why in s["capture_refusals"].items():
+            lines.append(f"    {module}: {why}")
     lines.append(f"  fallbacks            {s['fallback_count']}")
     for op, n in sorted(s["fallbacks"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {op:<30} {n}")

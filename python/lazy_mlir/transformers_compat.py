@@ -72,3 +72,17 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_and_patch
         return spec
+
+
+def register_cache_types(module) -> None:
+    """Makes transformers' cache classes (``DynamicCache`` in a training
+    forward's output) pytree nodes, so a captured forward (lazy_mlir.capture)
+    can return them; transformers registers them itself for torch.export.
+    Nothing for a module that is not a transformers model."""
+    if not type(module).__module__.startswith("transformers."):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # an older transformers: a cache in the output fails the capture, with a warning
+        return
+    register_cache_pytrees_for_model(module)

@@ -1,0 +1,165 @@
+#include "region_node.h"
+
+#include <ATen/FunctionalTensorWrapper.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/lazy/core/ir_builder.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
+
+#include <sstream>
+
+namespace lazy_mlir {
+
+namespace {
+
+const c10::Symbol kRegion = c10::Symbol::fromQualString("lazy_mlir::region");
+
+torch::lazy::hash_t hashConstant(const c10::IValue& constant) {
+  std::ostringstream repr;
+  repr << constant;
+  torch::lazy::hash_t hash = torch::lazy::Hash(repr.str());
+  // Doubles by their bits too: -0.0 prints as 0.0, and printing rounds.
+  if (constant.isDouble()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(constant.toDouble()));
+  if (constant.isDoubleList()) {
+    for (double item : constant.toDoubleVector()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(item));
+  }
+  return hash;
+}
+
+}  // namespace
+
+RegionNode::RegionNode(std::shared_ptr<const Region> region, torch::lazy::OpList operands)
+    : TsNode(torch::lazy::OpKind(kRegion), operands, std::vector<torch::lazy::Shape>(region->output_shapes),
+             region->output_shapes.size(), region->hash),
+      region_(std::move(region)) {}
+
+torch::lazy::TSOpVector RegionNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
+                                          torch::lazy::TSLoweringContext* loctx) const {
+  std::vector<torch::jit::Value*> values;
+  values.reserve(region_->num_inputs);
+  for (size_t i = 0; i < region_->num_inputs; ++i) values.push_back(loctx->GetOutputOp(operand(i)));
+  for (const auto& op : region_->ops) {
+    auto outputs = lowerBuiltinCall(function, op.op, op.arguments, op.list_sizes,
+                                    [&](size_t index) { return values.at(index); });
+    TORCH_CHECK(outputs.size() == op.num_outputs, "lazy_mlir: region ", region_->name, ": ",
+                op.op.toQualString(), " lowered to ", outputs.size(), " values, recorded ", op.num_outputs);
+    values.insert(values.end(), outputs.begin(), outputs.end());
+  }
+  torch::lazy::TSOpVector results;
+  for (size_t index : region_->outputs) results.push_back(values.at(index));
+  return results;
+}
+
+std::string RegionNode::ToString() const {
+  std::ostringstream ss;
+  ss << TsNode::ToString() << ", region=" << region_->name << ", ops=" << region_->ops.size();
+  return ss.str();
+}
+
+std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, const pybind11::list& ops,
+                                   const std::vector<size_t>& outputs,
+                                   const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& output_shapes) {
+  auto region = std::make_shared<Region>();
+  region->name = name;
+  region->num_inputs = num_inputs;
+  torch::lazy::hash_t hash = torch::lazy::Hash(static_cast<uint64_t>(num_inputs));
+  size_t num_values = num_inputs;
+  auto checkedIndex = [&](pybind11::handle index) {
+    size_t i = index.cast<size_t>();
+    TORCH_CHECK(i < num_values, "lazy_mlir: region ", name, " reads value ", i, " before it is defined");
+    hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(static_cast<uint64_t>(i)));
+    return i;
+  };
+  for (auto item : ops) {
+    auto entry = item.cast<pybind11::tuple>();
+    const auto qualified_name = entry[0].cast<std::string>();
+    const auto overload = entry[1].cast<std::string>();
+    const auto& schema = findSchema(qualified_name, overload);
+    auto args = entry[2].cast<pybind11::list>();
+    TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: region ", name, ": ", qualified_name,
+                " expects ", schema.arguments().size(), " arguments, got ", args.size());
+    RegionOp op;
+    op.op = c10::Symbol::fromQualString(qualified_name);
+    op.list_sizes = entry[3].cast<std::vector<int64_t>>();
+    op.num_outputs = entry[4].cast<size_t>();
+    hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(qualified_name + "." + overload));
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto& formal = schema.arguments()[i];
+      auto arg = args[i].cast<pybind11::tuple>();
+      const auto kind = arg[0].cast<std::string>();
+      BuiltinOpNode::Argument a{formal.name(), formal.kwarg_only(), std::nullopt, {}};
+      if (kind == "value") {
+        a.operand = checkedIndex(arg[1]);
+      } else if (kind == "values") {
+        a.operand_list.emplace();
+        a.list_type = formal.type();
+        for (auto index : arg[1]) {
+          a.operand_list->push_back(index.is_none() ? std::nullopt : std::optional<size_t>(checkedIndex(index)));
+          if (index.is_none()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(std::string("None")));
+        }
+      } else {
+        TORCH_CHECK(kind == "constant", "lazy_mlir: region argument kind ", kind);
+        // A number where the schema has a Tensor (FX's add.Tensor(x, 2)) stays
+        // a number: the lowering's overload resolution then picks the Scalar
+        // overload, with a wrapped number's type promotion, as eager does.
+        const bool number_for_tensor = formal.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) &&
+                                       (pybind11::isinstance<pybind11::int_>(arg[1]) ||
+                                        pybind11::isinstance<pybind11::float_>(arg[1]));
+        a.constant = torch::jit::toIValue(arg[1], number_for_tensor ? c10::NumberType::get() : formal.type());
+        hash = torch::lazy::HashCombine(hash, hashConstant(a.constant));
+      }
+      op.arguments.push_back(std::move(a));
+    }
+    num_values += op.num_outputs;
+    region->ops.push_back(std::move(op));
+  }
+  for (size_t index : outputs) {
+    TORCH_CHECK(index < num_values, "lazy_mlir: region ", name, " returns undefined value ", index);
+    hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(static_cast<uint64_t>(index)));
+  }
+  region->outputs = outputs;
+  TORCH_CHECK(outputs.size() == output_shapes.size(), "lazy_mlir: region ", name, ": ", outputs.size(),
+              " outputs, ", output_shapes.size(), " shapes");
+  for (const auto& [dtype, sizes] : output_shapes) {
+    region->output_shapes.emplace_back(dtype, sizes);
+    hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(sizes));
+    hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(static_cast<int64_t>(dtype)));
+  }
+  region->hash = hash;
+  return region;
+}
+
+std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs) {
+  namespace fimpl = at::functionalization::impl;
+  TORCH_CHECK(inputs.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
+              region->num_inputs, " inputs, got ", inputs.size());
+  std::optional<torch::lazy::BackendDevice> device;
+  bool functional = false;
+  std::vector<torch::lazy::Value> operands;
+  operands.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor input = inputs[i];
+    if (fimpl::isFunctionalTensor(input)) {
+      functional = true;
+      fimpl::sync(input);
+      input = fimpl::from_functional_tensor(input);
+    }
+    auto lazy = torch::lazy::TryGetLtcTensor(input);
+    TORCH_CHECK(lazy, "lazy_mlir: region ", region->name, ": input ", i, " is not a lazy tensor (",
+                input.device(), ")");
+    if (!device) device = lazy->GetDevice();
+    operands.push_back(lazy->GetIrValue());
+  }
+  TORCH_CHECK(device, "lazy_mlir: region ", region->name, " called without inputs");
+  auto node = torch::lazy::MakeNode<RegionNode>(region, operands);
+  std::vector<at::Tensor> results;
+  results.reserve(region->outputs.size());
+  for (size_t i = 0; i < region->outputs.size(); ++i) {
+    at::Tensor out = torch::lazy::CreateAtenFromLtcTensor(
+        torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device));
+    results.push_back(functional ? fimpl::to_functional_tensor(out) : out);
+  }
+  return results;
+}
+
+}  // namespace lazy_mlir

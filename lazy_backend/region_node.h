@@ -1,0 +1,62 @@
+// RegionNode: a recorded sequence of aten ops replayed as one LTC IR node.
+//
+// lazy_mlir.capture records a module's forward and backward once (as FX
+// graphs of aten ops, through AOTAutograd). Each later call then traces one
+// RegionNode instead of every op: no Python, autograd, functionalization or
+// LTC work per op. Its lowering emits the recorded ops as the TorchScript
+// builtins LTC's own nodes lower to, so clustering, compiling and the
+// TorchScript fallbacks see the graph a per-op trace would have built.
+#pragma once
+
+#include "builtin_op_node.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lazy_mlir {
+
+// One recorded op: its tensor operands index the region's values (the
+// region's inputs, then each op's outputs in order, Tensor[] flattened).
+struct RegionOp {
+  c10::Symbol op;
+  std::vector<BuiltinOpNode::Argument> arguments;
+  std::vector<int64_t> list_sizes;  // as for BuiltinOpNode
+  size_t num_outputs = 0;
+};
+
+struct Region {
+  std::string name;  // for messages and IR dumps
+  size_t num_inputs = 0;
+  std::vector<RegionOp> ops;
+  std::vector<size_t> outputs;  // value indices
+  std::vector<torch::lazy::Shape> output_shapes;
+  torch::lazy::hash_t hash;  // ops, constants and wiring
+};
+
+class RegionNode : public torch::lazy::TsNode {
+ public:
+  RegionNode(std::shared_ptr<const Region> region, torch::lazy::OpList operands);
+
+  torch::lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
+                                torch::lazy::TSLoweringContext* loctx) const override;
+
+  std::string ToString() const override;
+
+ private:
+  std::shared_ptr<const Region> region_;
+};
+
+// Builds a region from Python: `ops` holds one (qualified_name, overload,
+// arguments, list_sizes, num_outputs) tuple per op, the schema's arguments in
+// order, each ("value", index), ("values", [index or None, ...]) or
+// ("constant", value).
+std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, const pybind11::list& ops,
+                                   const std::vector<size_t>& outputs,
+                                   const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& output_shapes);
+
+// Traces one RegionNode over `inputs` (lazy tensors, functionalized or not)
+// and returns its outputs, functionalized like the inputs.
+std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs);
+
+}  // namespace lazy_mlir

@@ -1,0 +1,298 @@
+"""Whole-module capture: a module's forward and backward traced once, then
+replayed as one IR node each (``lazy_mlir.capture(model)``).
+
+Without it, a lazy step re-runs the model's Python every step, and each op
+pays Python, autograd, functionalization and LTC before it is one IR node:
+~8 us an op against ~2 us eagerly, and a few hundred ops make a small
+model's step. A captured module records its forward and its backward once,
+as FX graphs of aten ops (AOTAutograd on fake tensors of the lazy device),
+and each later call traces one ``RegionNode`` per graph (region_node.h),
+whose lowering emits those ops as TorchScript builtins. The step's graph,
+its clustering, compiles and TorchScript fallbacks are the ones a per-op
+trace builds, with view ops as their ``_copy`` variants as functionalization
+traces them; random ops keep their order, so dropout draws what eager draws.
+
+A record is keyed by what a forward may depend on besides tensor values:
+the arguments' structure, dtypes, shapes and non-tensor values, the
+module's parameters and buffers (which tensors, their dtypes, shapes and
+requires_grad), train/eval and grad mode; any change records again. Like
+``torch.compile(model)``, capturing is the user's statement that the forward
+reads nothing else that changes (a global flag, a config edited between
+steps). A forward that cannot be recorded (Python that reads tensor values,
+an op without an aten schema) runs op by op, with a warning that names the
+error, and is not tried again for that key.
+"""
+from __future__ import annotations
+
+import operator
+import threading
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import _C, metrics, transformers_compat
+
+
+class CaptureError(RuntimeError):
+    """A recorded graph that cannot be replayed as a region (names the op)."""
+
+
+# ------------------------------------------------------------------ regions
+def _copy_variant(op):
+    """``view_copy`` for ``view`` and so on: what functionalization traces
+    for a view op, and what the rest of the pipeline expects (every lazy
+    value is contiguous; a view of a transposed value is not)."""
+    if not op.is_view:
+        return op
+    name = op._schema.name.split("::")[1]
+    packet = getattr(torch.ops.aten, f"{name}_copy", None)
+    copy = getattr(packet, op._overloadname, None) if packet is not None else None
+    if copy is None:
+        raise CaptureError(f"view op {op} has no _copy variant")
+    return copy
+
+
+def _backing(value):
+    """A device argument names the device behind the lazy one: the
+    TorchScript graph runs there (what LTC's own lowering does)."""
+    if isinstance(value, torch.device) and value.type == "lazy":
+        return torch.device(torch._C._lazy._get_default_device_type().lower())
+    return value
+
+
+def _output_sizes(node: torch.fx.Node) -> list[int]:
+    """How ``node``'s returns flatten: -1 per tensor, n per n-tensor list."""
+    returns = node.target._schema.returns
+    vals = [node.meta.get("val")] if len(returns) == 1 else node.meta.get("val")
+    sizes = []
+    for formal, val in zip(returns, vals):
+        if isinstance(formal.type, torch.ListType):
+            sizes.append(len(val))
+        elif isinstance(val, torch.Tensor) or val is None:  # None: an output not asked for (convolution_backward)
+            sizes.append(-1)
+        else:
+            raise CaptureError(f"{node.target} returns {type(val).__name__}, not a tensor")
+    return sizes
+
+
+def build_region(gm: torch.fx.GraphModule, name: str):
+    """Converts an FX graph of aten ops into a region. Returns (region, the
+    graph's tensor constants: the region's inputs after the placeholders,
+    for each graph output its region output index or None)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    values: dict[torch.fx.Node, object] = {n: i for i, n in enumerate(placeholders + constants)}
+    count = len(values)
+    ops = []
+
+    def index(arg, op):
+        if not isinstance(arg, torch.fx.Node) or not isinstance(values.get(arg), int):
+            raise CaptureError(f"{op}: argument {arg!r} is not a tensor of the graph")
+        return values[arg]
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        if node.op != "call_function":
+            raise CaptureError(f"unsupported FX node {node.op} {node.target}")
+        if node.target is operator.getitem:
+            values[node] = values[node.args[0]][node.args[1]]
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise CaptureError(f"{node.target} is not an aten op")
+        op = _copy_variant(node.target)
+        arguments = []
+        for i, formal in enumerate(op._schema.arguments):
+            if i < len(node.args):
+                value = node.args[i]
+            elif formal.name in node.kwargs:
+                value = node.kwargs[formal.name]
+            elif formal.has_default_value():
+                value = formal.default_value
+            else:
+                raise CaptureError(f"{op}: missing argument {formal.name}")
+            if isinstance(value, torch.fx.Node):
+                arguments.append(("value", index(value, op)))
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
+                arguments.append(("values", [None if v is None else index(v, op) for v in value]))
+            else:
+                arguments.append(("constant", _backing(value)))
+        sizes = _output_sizes(node)
+        returns = []
+        for n in sizes:
+            returns.append(count if n < 0 else list(range(count, count + n)))
+            count += 1 if n < 0 else n
+        values[node] = returns[0] if len(sizes) == 1 else returns
+        ops.append((op._schema.name, op._overloadname, arguments, sizes if any(n >= 0 for n in sizes) else [],
+                    sum(1 if n < 0 else n for n in sizes)))
+
+    (results,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    outputs, positions, shapes = [], [], []
+    for result in results:
+        if result is None:  # a backward's gradient for an input that needs none
+            positions.append(None)
+            continue
+        val = result.meta["val"]
+        positions.append(len(outputs))
+        outputs.append(index(result, "output"))
+        shapes.append((val.dtype, list(val.shape)))
+    region = _C.make_region(name, len(placeholders) + len(constants), ops, outputs, shapes)
+    return region, [getattr(gm, n.target) for n in constants], positions
+
+
+class _Replay:
+    """What AOTAutograd calls for a forward or backward graph: the graph
+    itself on fake tensors (while recording), one region node on lazy ones."""
+
+    _boxed_call = True  # AOTAutograd passes the arguments as one list
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str):
+        self.gm = gm
+        self.region, constants, self.positions = build_region(gm, name)
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
+            self.constants = [c.to("lazy") for c in constants]
+
+    def __call__(self, args: list):
+        if getattr(_recording, "active", False):  # the graph itself, on fakes: factory ops fake too
+            with torch._guards.detect_fake_mode(args):
+                return self.gm(*args)
+        outs = _C.trace_region(self.region, [*args, *self.constants])
+        args.clear()  # boxed convention: the inputs are not held past the call
+        return tuple(None if p is None else outs[p] for p in self.positions)
+
+
+# ------------------------------------------------------------------ capture
+_recording = threading.local()
+
+
+def _signature(leaf):
+    if isinstance(leaf, torch.Tensor):
+        return leaf.dtype, leaf.shape, leaf.stride(), leaf.requires_grad, leaf.device
+    return type(leaf), leaf
+
+
+def _named_state(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``[*module.named_parameters(), *module.named_buffers()]``, in their
+    order and without their generators (read at every call: a third of a
+    small model's capture overhead went to them)."""
+    order, seen = [], {id(module)}  # (prefix, module), depth-first as named_modules()
+
+    def walk(prefix, m):
+        order.append((prefix, m))
+        for name, child in m._modules.items():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                walk(f"{prefix}{name}.", child)
+
+    walk("", module)
+    params, buffers, taken = [], [], set()
+    for prefix, m in order:
+        for name, p in m._parameters.items():
+            if p is not None and id(p) not in taken:
+                taken.add(id(p))
+                params.append((prefix + name, p))
+    for prefix, m in order:
+        for name, b in m._buffers.items():
+            if b is not None and id(b) not in taken:
+                taken.add(id(b))
+                buffers.append((prefix + name, b))
+    return params + buffers
+
+
+class CapturedForward:
+    """Installed as ``module.forward`` by :func:`capture`: replays the
+    record of the call's key, recording it first if there is none."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.original = module.forward
+        self.records: dict = {}
+        self.refused: set = set()
+
+    def __call__(self, *args, **kwargs):
+        module = self.module
+        leaves, spec = tree_flatten((args, kwargs))
+        named = _named_state(module)
+        state = [t for _, t in named]
+        if (getattr(_recording, "active", False) or torch.compiler.is_compiling()
+                or any(t.device.type != "lazy" for t in state)
+                or any(isinstance(x, torch.Tensor) and x.device.type != "lazy" for x in leaves)):
+            return self.original(*args, **kwargs)
+        key = (spec, tuple(_signature(x) for x in leaves),
+               tuple((name, id(t), t.dtype, t.shape, t.requires_grad) for name, t in named),
+               module.training, torch.is_grad_enabled())
+        if key in self.refused:
+            metrics.count_capture("refused")
+            return self.original(*args, **kwargs)
+        record = self.records.get(key)
+        if record is None:
+            try:
+                record = self._record([name for name, _ in named], state, leaves, spec)
+            except Exception as error:  # noqa: BLE001 - Python that reads values, an op without a schema
+                why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                warnings.warn(f"lazy_mlir.capture: {type(module).__name__}.forward could not be recorded, "
+                              f"it runs op by op ({why})", stacklevel=2)
+                metrics.count_capture("refused", type(module).__name__, why)
+                self.refused.add(key)
+                return self.original(*args, **kwargs)
+            self.records[key] = record
+            metrics.count_capture("recorded")
+        metrics.count_capture("replayed")
+        return record(*state, *(x for x in leaves if isinstance(x, torch.Tensor)))
+
+    def _record(self, names: list[str], state: list[torch.Tensor], leaves: list, spec):
+        """AOTAutograd's forward-and-backward function for this key, its
+        forward recorded (its backward records at its first call)."""
+        from torch._functorch.aot_autograd import aot_function
+        from torch._subclasses import FakeTensorMode
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        module, original = self.module, self.original
+        tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        label = f"{type(module).__name__}#{len(self.records)}"
+
+        def flat_forward(*tensors):
+            full = list(leaves)
+            for i, t in zip(tensor_at, tensors[len(state):]):
+                full[i] = t
+            args, kwargs = tree_unflatten(full, spec)
+            with _reparametrize_module(module, dict(zip(names, tensors[:len(state)])), tie_weights=True):
+                return original(*args, **kwargs)
+
+        def compiler(kind):
+            return lambda gm, example_inputs: _Replay(gm, f"{label}.{kind}")
+
+        compiled = aot_function(flat_forward, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                                num_params_buffers=len(state))
+        transformers_compat.register_cache_types(module)  # a DynamicCache in a forward's output
+        # Fakes on the lazy device: code that makes a tensor on another's
+        # device makes it there, as eagerly; regions map the device to the
+        # one behind it. Tensors the forward holds outside its state (a CPU
+        # constant) become constants of the graph.
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes: dict[int, torch.Tensor] = {}  # by identity: a tensor passed twice is one input
+
+        def fake(t):
+            if id(t) not in fakes:
+                with fake_mode:
+                    fakes[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                fakes[id(t)].requires_grad_(t.requires_grad)
+            return fakes[id(t)]
+
+        _recording.active = True
+        try:
+            compiled(*(fake(t) for t in state), *(fake(leaves[i]) for i in tensor_at))
+        finally:
+            _recording.active = False
+        return compiled
+
+
+def capture(module: torch.nn.Module) -> torch.nn.Module:
+    """Records ``module``'s forward and backward at its first call on lazy
+    tensors and replays them as one IR node each from then on (see the
+    module doc). Returns ``module``, its ``forward`` replaced; calls on
+    other devices run the original forward."""
+    if not isinstance(module.forward, CapturedForward):
+        module.forward = CapturedForward(module)
+    return module

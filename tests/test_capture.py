@@ -1,0 +1,194 @@
+"""lazy_mlir.capture: a module's forward and backward recorded once and
+replayed as one IR node each (region_node.h). Every run equals eager; the
+steps really replayed (metrics), traced far fewer IR nodes than op by op,
+and ran generated code; keys that change record again; a forward that
+cannot be recorded runs op by op with a warning."""
+import sys
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazy_mlir
+from lazy_mlir import _C, metrics
+from helpers import (LAZY, assert_compiled, assert_same_training, image_batches, make_convnet, make_mlp, mlp_batches,
+                     sgd, sgd_momentum, small_gpt, small_gpt_batches, make_adamw, train)
+
+CPU = torch.device("cpu")
+FP64 = dict(rtol=1e-12, atol=1e-12)
+
+
+def captured(make_model, dtype=torch.float64):
+    return lambda: lazy_mlir.capture(make_model().to(dtype))
+
+
+def fp64(batches):
+    return [(x.double() if x.is_floating_point() else x, y) for x, y in batches]
+
+
+def nodes_per_step(make_model, make_opt, batches):
+    """IR nodes built in each step of a lazy run (IR reuse is off: every op traced builds one)."""
+    counts = []
+    before = [_C.nodes_built()]
+
+    def after(i):
+        counts.append(_C.nodes_built() - before[0])
+        before[0] = _C.nodes_built()
+
+    train(make_model, make_opt, batches, LAZY, after_step=after)
+    return counts
+
+
+def test_mlp_replays_one_node_per_graph_and_matches_eager(lazy_level):
+    batches = fp64(mlp_batches(4))
+    eager = train(captured(make_mlp), sgd, batches, CPU)
+    assert metrics.snapshot()["capture_records"] == 0  # CPU calls run the original forward
+    op_by_op = nodes_per_step(lambda: make_mlp().double(), sgd, batches)
+    metrics.reset()
+    replayed = nodes_per_step(captured(make_mlp), sgd, batches)
+    s = metrics.snapshot()
+    assert s["captured_calls"] == 4 and s["capture_records"] == 1 and s["capture_refused"] == 0, metrics.report()
+    assert_compiled(s, calls=4)
+    assert s["graph_executions"] == s["mark_steps"] == 4 and s["fallback_count"] == 0, metrics.report()
+    # forward and backward are one node each: the rest is the loss's seed, SGD and zero_grad
+    assert replayed[-1] < op_by_op[-1] / 2, (replayed, op_by_op)
+    metrics.reset()
+    lazy = train(captured(make_mlp), sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+
+
+def test_gpt_with_adamw_matches_eager(lazy_level):
+    batches = small_gpt_batches(3)
+    eager = train(captured(small_gpt, torch.float32), make_adamw, batches, CPU)
+    lazy = train(captured(small_gpt, torch.float32), make_adamw, batches, LAZY)
+    assert_same_training(eager, lazy, rtol=2e-5, atol=2e-5)
+    s = metrics.snapshot()
+    assert s["captured_calls"] == 3 and s["capture_records"] == 1, metrics.report()
+    assert_compiled(s, calls=3)
+    assert s["fallback_count"] == 0 and s["graph_executions"] == s["mark_steps"], metrics.report()
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.3, self.training)), y)
+
+
+def dropout_mlp(draw_seed):
+    """The same weights each time; the masks from ``draw_seed``."""
+    def make():
+        torch.manual_seed(0)
+        model = lazy_mlir.capture(DropoutMLP().double())
+        torch.manual_seed(draw_seed)
+        return model
+    return make
+
+
+def test_dropout_draws_what_eager_draws(lazy_level):
+    batches = fp64(mlp_batches(3))
+    eager = train(dropout_mlp(7), sgd, batches, CPU)
+    lazy = train(dropout_mlp(7), sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    other = train(dropout_mlp(8), sgd, batches, CPU)
+    assert (other[0] - eager[0]).abs().max() > 1e-6  # the masks matter
+    assert metrics.snapshot()["captured_calls"] == 3
+
+
+def test_batchnorm_buffers_follow_eager(lazy_level):
+    batches = fp64(image_batches(3))
+    models = {}
+
+    def make(device):
+        def build():
+            models[device] = lazy_mlir.capture(make_convnet().double())
+            return models[device]
+        return build
+
+    eager = train(make("cpu"), sgd_momentum, batches, CPU)
+    lazy = train(make("lazy"), sgd_momentum, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    for (name, b_eager), (_, b_lazy) in zip(models["cpu"].named_buffers(), models["lazy"].named_buffers()):
+        torch.testing.assert_close(b_lazy.cpu(), b_eager, **FP64, msg=name)
+    assert metrics.snapshot()["captured_calls"] == 3
+
+
+def test_a_changed_key_records_again(lazy_level):
+    model = lazy_mlir.capture(make_mlp().double()).to(LAZY)
+    x, y = fp64(mlp_batches(1))[0]
+    reference = make_mlp().double()
+
+    def check(x, y):
+        out = model(x.to(LAZY), y.to(LAZY))
+        torch._lazy.mark_step()
+        torch.testing.assert_close(out.cpu(), reference(x, y), **FP64)
+
+    check(x, y)
+    check(x, y)
+    assert metrics.snapshot()["capture_records"] == 1
+    check(x[:4], y[:4])  # another batch size
+    model.eval(), reference.eval()
+    check(x, y)  # eval
+    with torch.no_grad():
+        check(x, y)  # no autograd
+    s = metrics.snapshot()
+    assert s["capture_records"] == 4 and s["captured_calls"] == 5, metrics.report()
+
+
+class ReadsValues(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        if h.sum() > 0:  # Python that reads a value: cannot be recorded
+            h = h * 2
+        return F.cross_entropy(h, y)
+
+
+def test_a_forward_that_reads_values_runs_op_by_op(lazy_level):
+    def make():
+        torch.manual_seed(0)
+        return lazy_mlir.capture(ReadsValues().double())
+
+    batches = fp64(mlp_batches(2))
+    eager = train(make, sgd, batches, CPU)
+    with pytest.warns(UserWarning, match="ReadsValues.forward could not be recorded, it runs op by op"):
+        lazy = train(make, sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_refused"] == 2 and s["captured_calls"] == 0, metrics.report()
+    assert "ReadsValues" in s["capture_refusals"]
+
+
+def test_hugging_face_model_replays_and_matches_eager(lazy_level):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+    import zoo
+
+    v, spec = zoo.base_variant("bert"), zoo.SPECS["bert"]
+    results = {}
+    for device in (CPU, LAZY):
+        model = lazy_mlir.capture(zoo.make_model(v, torch.float64)).to(device)
+        model.train()
+        opt = spec.optimizer(model)
+        losses = []
+        for batch in zoo.batches(v, 3, torch.float64)[:3]:
+            loss = spec.loss(model, *(t.to(device) for t in batch))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+            losses.append(loss.item())
+        with torch.no_grad():
+            results[device.type] = torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}
+    assert_same_training(results["cpu"], results["lazy"], rtol=1e-9, atol=1e-10)
+    s = metrics.snapshot()
+    assert s["captured_calls"] == 3 and s["capture_refused"] == 0, metrics.report()
+    assert_compiled(s, calls=3)
+    assert s["fallback_count"] == 0 and s["graph_executions"] == s["mark_steps"], metrics.report()
