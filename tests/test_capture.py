@@ -137,6 +137,11 @@ def test_a_changed_key_records_again(lazy_level):
         check(x, y)  # no autograd
     s = metrics.snapshot()
     assert s["capture_records"] == 4 and s["captured_calls"] == 5, metrics.report()
+    reference.fc3 = nn.Linear(64, 10).double()  # a replaced submodule: its new parameters are read
+    model.fc3 = nn.Linear(64, 10).double().to(LAZY)
+    model.fc3.load_state_dict(reference.fc3.state_dict())
+    check(x, y)
+    assert metrics.snapshot()["capture_records"] == 5
 
 
 class ReadsValues(nn.Module):

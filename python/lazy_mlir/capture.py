@@ -79,12 +79,13 @@ def _output_sizes(node: torch.fx.Node) -> list[int]:
 def build_region(gm: torch.fx.GraphModule, name: str):
     """Converts an FX graph of aten ops into a region. Returns (region, the
     graph's tensor constants: the region's inputs after the placeholders,
-    for each graph output its region output index or None)."""
+    for each graph output its region output index or None, the inputs the
+    graph writes: (placeholder index, region output index) pairs)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
     values: dict[torch.fx.Node, object] = {n: i for i, n in enumerate(placeholders + constants)}
     count = len(values)
-    ops = []
+    ops, writes = [], []
 
     def index(arg, op):
         if not isinstance(arg, torch.fx.Node) or not isinstance(values.get(arg), int):
@@ -101,6 +102,15 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             raise CaptureError(f"{node.target} is not an aten op")
+        if node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders and not node.users:
+            # An input the forward writes (BatchNorm's running stats), copied
+            # into at the graph's end: the region returns the value, and
+            # _Replay updates the input with it in one call.
+            target, value = node.args[0], node.args[1]
+            if (target.meta["val"].shape, target.meta["val"].dtype) != (value.meta["val"].shape, value.meta["val"].dtype):
+                raise CaptureError(f"copy_ into input {target} changes its shape or dtype")
+            writes.append((placeholders.index(target), value))
+            continue
         op = _copy_variant(node.target)
         arguments = []
         for i, formal in enumerate(op._schema.arguments):
@@ -137,8 +147,13 @@ def build_region(gm: torch.fx.GraphModule, name: str):
         positions.append(len(outputs))
         outputs.append(index(result, "output"))
         shapes.append((val.dtype, list(val.shape)))
+    written = []
+    for placeholder, value in writes:
+        written.append((placeholder, len(outputs)))
+        outputs.append(index(value, "copy_"))
+        shapes.append((value.meta["val"].dtype, list(value.meta["val"].shape)))
     region = _C.make_region(name, len(placeholders) + len(constants), ops, outputs, shapes)
-    return region, [getattr(gm, n.target) for n in constants], positions
+    return region, [getattr(gm, n.target) for n in constants], positions, written
 
 
 class _Replay:
@@ -149,7 +164,7 @@ class _Replay:
 
     def __init__(self, gm: torch.fx.GraphModule, name: str):
         self.gm = gm
-        self.region, constants, self.positions = build_region(gm, name)
+        self.region, constants, self.positions, self.written = build_region(gm, name)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
             self.constants = [c.to("lazy") for c in constants]
 
@@ -158,6 +173,9 @@ class _Replay:
             with torch._guards.detect_fake_mode(args):
                 return self.gm(*args)
         outs = _C.trace_region(self.region, [*args, *self.constants])
+        if self.written:
+            _C.functional_replace([args[i] for i, _ in self.written],
+                                  _C.functional_values([outs[k] for _, k in self.written]))
         args.clear()  # boxed convention: the inputs are not held past the call
         return tuple(None if p is None else outs[p] for p in self.positions)
 
@@ -172,32 +190,53 @@ def _signature(leaf):
     return type(leaf), leaf
 
 
-def _named_state(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """``[*module.named_parameters(), *module.named_buffers()]``, in their
-    order and without their generators (read at every call: a third of a
-    small model's capture overhead went to them)."""
-    order, seen = [], {id(module)}  # (prefix, module), depth-first as named_modules()
+class _NamedState:
+    """``[*module.named_parameters(), *module.named_buffers()]`` at each
+    call, without walking the module tree when it has not changed (the walk
+    was a third of a small model's capture overhead): the entries it read
+    (dict, key, value: each submodule, parameter and buffer) are checked to
+    be still in place, and the dicts to hold nothing more."""
 
-    def walk(prefix, m):
-        order.append((prefix, m))
-        for name, child in m._modules.items():
-            if child is not None and id(child) not in seen:
-                seen.add(id(child))
-                walk(f"{prefix}{name}.", child)
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.named: list = []
+        self.entries: list = []  # (dict, key, value)
+        self.sizes: list = []  # (dict, len)
 
-    walk("", module)
-    params, buffers, taken = [], [], set()
-    for prefix, m in order:
-        for name, p in m._parameters.items():
-            if p is not None and id(p) not in taken:
-                taken.add(id(p))
-                params.append((prefix + name, p))
-    for prefix, m in order:
-        for name, b in m._buffers.items():
-            if b is not None and id(b) not in taken:
-                taken.add(id(b))
-                buffers.append((prefix + name, b))
-    return params + buffers
+    def get(self) -> list[tuple[str, torch.Tensor]]:
+        if not self.entries or not self._unchanged():
+            self._walk()
+        return self.named
+
+    def _unchanged(self) -> bool:
+        return (all(len(d) == n for d, n in self.sizes)
+                and all(d.get(key) is value for d, key, value in self.entries))
+
+    def _walk(self) -> None:
+        order, seen = [], {id(self.module)}  # (prefix, module), depth-first as named_modules()
+        entries, sizes = [], []
+
+        def walk(prefix, m):
+            order.append((prefix, m))
+            sizes.extend([(m._modules, len(m._modules)), (m._parameters, len(m._parameters)),
+                          (m._buffers, len(m._buffers))])
+            for name, child in m._modules.items():
+                entries.append((m._modules, name, child))
+                if child is not None and id(child) not in seen:
+                    seen.add(id(child))
+                    walk(f"{prefix}{name}.", child)
+
+        walk("", self.module)
+        params, buffers, taken = [], [], set()
+        for kind, out in (("_parameters", params), ("_buffers", buffers)):
+            for prefix, m in order:
+                d = getattr(m, kind)
+                for name, t in d.items():
+                    entries.append((d, name, t))
+                    if t is not None and id(t) not in taken:
+                        taken.add(id(t))
+                        out.append((prefix + name, t))
+        self.named, self.entries, self.sizes = params + buffers, entries, sizes
 
 
 class CapturedForward:
@@ -207,13 +246,14 @@ class CapturedForward:
     def __init__(self, module: torch.nn.Module):
         self.module = module
         self.original = module.forward
+        self.state = _NamedState(module)
         self.records: dict = {}
         self.refused: set = set()
 
     def __call__(self, *args, **kwargs):
         module = self.module
         leaves, spec = tree_flatten((args, kwargs))
-        named = _named_state(module)
+        named = self.state.get()
         state = [t for _, t in named]
         if (getattr(_recording, "active", False) or torch.compiler.is_compiling()
                 or any(t.device.type != "lazy" for t in state)
@@ -263,8 +303,11 @@ class CapturedForward:
         def compiler(kind):
             return lambda gm, example_inputs: _Replay(gm, f"{label}.{kind}")
 
+        # keep_inference_input_mutations: the inputs a forward writes are
+        # copy_ nodes of its graph (see build_region), not a copy_ per input
+        # traced op by op after each call (1.6 ms of a ResNet step).
         compiled = aot_function(flat_forward, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                                num_params_buffers=len(state))
+                                num_params_buffers=len(state), keep_inference_input_mutations=True)
         transformers_compat.register_cache_types(module)  # a DynamicCache in a forward's output
         # Fakes on the lazy device: code that makes a tensor on another's
         # device makes it there, as eagerly; regions map the device to the
