@@ -197,3 +197,33 @@ def test_hugging_face_model_replays_and_matches_eager(lazy_level):
     assert s["captured_calls"] == 3 and s["capture_refused"] == 0, metrics.report()
     assert_compiled(s, calls=3)
     assert s["fallback_count"] == 0 and s["graph_executions"] == s["mark_steps"], metrics.report()
+
+
+class Interpolates(nn.Module):
+    """Bicubic upsampling records through torch._decomp: its backward
+    writes with _unsafe_index_put(grad, [None, None, rows, columns], ...),
+    which ts_to_fx gives explicit indices for torch-mlir's importer."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(1, 4, 4, 4))
+
+    def forward(self, x, y):
+        up = F.interpolate(self.p, size=(6, 6), mode="bicubic", align_corners=False)
+        return F.mse_loss(up * x, y)
+
+
+def test_bicubic_backward_compiles(lazy_level):
+    def make():
+        torch.manual_seed(0)
+        return lazy_mlir.capture(Interpolates().double())
+
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(2, 4, 6, 6, generator=g, dtype=torch.float64),
+                torch.randn(2, 4, 6, 6, generator=g, dtype=torch.float64)) for _ in range(2)]
+    eager = train(make, sgd, batches, CPU)
+    lazy = train(make, sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["captured_calls"] == 2, metrics.report()
+    assert_compiled(s, calls=2)

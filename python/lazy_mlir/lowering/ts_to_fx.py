@@ -232,6 +232,31 @@ class _Converter:
             call.meta["val"] = target(*self._fake_args(args), **self._fake_args(kwargs))
         return call
 
+    def _explicit_leading_indices(self, target: fx.Node, indices):
+        """torch-mlir imports index_put with Tensor[] indices only (its
+        ``hacked_twin``), and bicubic interpolation's backward writes with
+        [None, None, rows, columns]. Each leading None (every element of
+        that dim) becomes an arange shaped to broadcast before the other
+        indices: the same elements, in the same order. Other patterns (a
+        None after a tensor, boolean masks, symbolic sizes) are left as
+        they are, for the importer to refuse (the group then runs in
+        TorchScript)."""
+        if not isinstance(indices, (list, tuple)) or None not in indices:
+            return indices
+        lead = next(i for i, index in enumerate(list(indices) + [0]) if index is not None)
+        rest = list(indices[lead:])
+        fakes = [self._fake(index) if index is not None else None for index in rest]
+        sizes = self._fake(target).shape[:lead]
+        if (not rest or any(f is None or f.dtype not in (torch.int64, torch.int32) for f in fakes)
+                or not all(isinstance(n, int) for n in sizes)):
+            return indices
+        ndim = max(f.dim() for f in fakes)
+        explicit = []
+        for k, n in enumerate(sizes):
+            every = self.emit(torch.ops.aten.arange.start_step, 0, n, 1, dtype=torch.int64, device=fakes[0].device)
+            explicit.append(self.emit(torch.ops.aten.view.default, every, [n] + [1] * (lead - 1 - k + ndim)))
+        return explicit + rest
+
     def _convert_call(self, node: torch._C.Node) -> None:
         op = _resolve_overload(node)
         if op is torch.ops.aten.arange.start_out:
@@ -243,6 +268,8 @@ class _Converter:
                 kwargs[formal.name] = converted
             else:
                 args.append(converted)
+        if op in _INDEX_PUTS:
+            args[1] = self._explicit_leading_indices(args[0], args[1])
         if op._schema.name == ADAM_STEP:  # tensor lists in and out: expanded into per-tensor ops
             try:
                 results = expand_adam_step(self.emit, self.graph, args + list(kwargs.values()))
@@ -276,6 +303,9 @@ class _Converter:
             item = self.graph.call_function(operator.getitem, (call, i))
             item.meta["val"] = call.meta["val"][i]
             self.env[value] = item
+
+
+_INDEX_PUTS = (torch.ops.aten.index_put.default, torch.ops.aten._unsafe_index_put.default)
 
 
 def ts_graph_to_fx(graph: torch._C.Graph, example_inputs, fake_mode: FakeTensorMode | None = None,
