@@ -76,6 +76,23 @@ def _output_sizes(node: torch.fx.Node) -> list[int]:
     return sizes
 
 
+_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default)
+
+
+def _split_bounds(node: torch.fx.Node):
+    """(input node, dim, [(start, end)] per piece) of a split."""
+    x = node.args[0]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    length = x.meta["val"].shape[dim]
+    if node.target is torch.ops.aten.split.Tensor:
+        step = node.args[1]
+        sizes = [min(step, length - start) for start in range(0, length, step)] or [0]
+    else:
+        sizes = list(node.args[1])
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return x, dim % x.meta["val"].dim(), [(start, start + n) for start, n in zip(starts, sizes)]
+
+
 def build_region(gm: torch.fx.GraphModule, name: str):
     """Converts an FX graph of aten ops into a region. Returns (region, the
     graph's tensor constants: the region's inputs after the placeholders,
@@ -110,6 +127,17 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             if (target.meta["val"].shape, target.meta["val"].dtype) != (value.meta["val"].shape, value.meta["val"].dtype):
                 raise CaptureError(f"copy_ into input {target} changes its shape or dtype")
             writes.append((placeholders.index(target), value))
+            continue
+        if node.target in _SPLITS:  # one slice_copy per piece: a Tensor[] op would split the step's fusion group
+            x, dim, bounds = _split_bounds(node)
+            pieces = []
+            for start, end in bounds:
+                ops.append(("aten::slice_copy", "Tensor", [("value", index(x, node.target)), ("constant", dim),
+                                                           ("constant", start), ("constant", end), ("constant", 1)],
+                            [], 1))
+                pieces.append(count)
+                count += 1
+            values[node] = pieces
             continue
         op = _copy_variant(node.target)
         arguments = []

@@ -18,6 +18,11 @@ make test runs DEFAULT (each model once; HF eager attention and dropout on
 some; the extra shapes on two); the full cartesian product (model x
 attention x dropout, every shape) is marked ``zoo_full``:
 ``pytest tests/models -m zoo_full``.
+
+``test_captured_model_matches_eager`` trains each DEFAULT variant with the
+model under lazy_mlir.capture (forward and backward recorded once, replayed
+as one node each) against the same eager run; it is zoo_full (its graphs
+are new compiles), and tests/test_capture.py runs BERT in make test.
 """
 from __future__ import annotations
 
@@ -143,3 +148,26 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
     if not isinstance(zoo.SPECS[v.model].optimizer(torch.nn.Linear(1, 1)), torch.optim.SGD):
         warmup = lazy.phases["warmup"]
         assert warmup["cache_misses"] == 1 and warmup["setup_graphs"] == 1, lazy.reports["warmup"]
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize("v, shapes", [pytest.param(v, shapes, id=v.id + ("" if shapes else "-one-shape"))
+                                       for v, shapes in DEFAULT])
+def test_captured_model_matches_eager(lazy_o1, v, shapes):
+    eager, _ = runs(v, shapes)
+    captured = training.train(v, training.LAZY, shapes=shapes, capture=True)
+    if v.model in FP32_ISLANDS or (shapes and v.model in ROUNDING_AT_OTHER_LENGTH):
+        floor = max_diffs(eager, training.train(v, CPU, perturb=1e-7, shapes=shapes))
+        diffs = max_diffs(eager, captured)
+        assert all(d <= NOISE_FLOOR_FACTOR * f for d, f in zip(diffs, floor)), f"{diffs} vs noise floor {floor}"
+    else:
+        torch.testing.assert_close(captured.losses, eager.losses, **FP64_TOLERANCE)
+        for name, p in eager.params.items():
+            torch.testing.assert_close(captured.params[name], p, **FP64_TOLERANCE, msg=name)
+    for phase, s in captured.phases.items():
+        report = f"{phase}:\n{captured.reports[phase]}"
+        assert s["captured_calls"] == s["mark_steps"] > 0 and s["capture_refused"] == 0, report
+        assert s["graph_executions"] == s["mark_steps"] and s["fallback_count"] == 0, report
+        assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, report
+    steady = captured.phases["steady"]
+    assert steady["compiles"] == steady["capture_records"] == 0, captured.reports["steady"]

@@ -33,12 +33,16 @@ class Run:
 
 
 def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: float = 0.0,
-          shapes: bool = True) -> Run:
+          shapes: bool = True, capture: bool = False) -> Run:
     """``perturb`` scales the initial weights by 1 + perturb (a noise floor);
     ``shapes=False`` leaves out the ragged and other-length steps (each is a
-    new graph to compile: most of a run's cold time)."""
+    new graph to compile: most of a run's cold time); ``capture``: the model
+    under lazy_mlir.capture."""
     spec = zoo.SPECS[v.model]
     model = zoo.make_model(v, dtype)
+    if capture:
+        import lazy_mlir
+        lazy_mlir.capture(model)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(1 + perturb)
