@@ -168,6 +168,11 @@ def test_captured_model_matches_eager(lazy_o1, v, shapes):
         report = f"{phase}:\n{captured.reports[phase]}"
         assert s["captured_calls"] == s["mark_steps"] > 0 and s["capture_refused"] == 0, report
         assert s["graph_executions"] == s["mark_steps"] and s["fallback_count"] == 0, report
-        assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, report
+        assert s["groups_fallen_back"] == {}, report
+        # generated code, or TorchScript in a warm-up step whose groups compiled side by side
+        interpreted = s["interpreted_group_calls"]
+        assert s["compiled_group_calls"] + interpreted == s["group_calls"] >= s["mark_steps"], report
+        assert interpreted == 0 or phase == "warmup", report
     steady = captured.phases["steady"]
     assert steady["compiles"] == steady["capture_records"] == 0, captured.reports["steady"]
+    assert steady["compiled_group_calls"] > 0, captured.reports["steady"]
