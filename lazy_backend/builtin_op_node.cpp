@@ -98,6 +98,19 @@ std::string BuiltinOpNode::ToString() const {
   return ss.str();
 }
 
+torch::lazy::hash_t hashConstant(const c10::IValue& constant) {
+  std::ostringstream repr;
+  repr << constant;
+  torch::lazy::hash_t hash = torch::lazy::Hash(repr.str());
+  // Doubles by their bits too: -0.0 prints as 0.0 (hardtanh(x, -0.0, 5)
+  // then ran the 0.0 graph), and printing rounds.
+  if (constant.isDouble()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(constant.toDouble()));
+  if (constant.isDoubleList()) {
+    for (double item : constant.toDoubleVector()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(item));
+  }
+  return hash;
+}
+
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload) {
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
   TORCH_CHECK(handle.has_value(), "lazy_mlir: no operator ", name, ".", overload);
@@ -157,15 +170,8 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
       hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=[" + pattern + "]"));
     } else {
       a.constant = torch::jit::toIValue(value, formal.type());
-      std::ostringstream repr;
-      repr << a.constant;
-      hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=" + repr.str()));
-      // Doubles by their bits too: -0.0 prints as 0.0 (hardtanh(x, -0.0, 5)
-      // then ran the 0.0 graph), and printing rounds.
-      if (a.constant.isDouble()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(a.constant.toDouble()));
-      if (a.constant.isDoubleList()) {
-        for (double item : a.constant.toDoubleVector()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(item));
-      }
+      hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name()));
+      hash = torch::lazy::HashCombine(hash, hashConstant(a.constant));
     }
     arguments.push_back(std::move(a));
   }

@@ -60,6 +60,10 @@ torch::lazy::TSOpVector lowerBuiltinCall(const std::shared_ptr<torch::jit::Graph
                                          const std::vector<int64_t>& list_sizes,
                                          const std::function<torch::jit::Value*(size_t)>& operand_value);
 
+// A constant argument's part of a node's hash: its printed value, and
+// doubles by their bits as well.
+torch::lazy::hash_t hashConstant(const c10::IValue& constant);
+
 // The schema of `name` ("aten::sin") and `overload` ("default" or e.g. "Tensor").
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload);
 

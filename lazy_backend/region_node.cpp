@@ -14,18 +14,6 @@ namespace {
 
 const c10::Symbol kRegion = c10::Symbol::fromQualString("lazy_mlir::region");
 
-torch::lazy::hash_t hashConstant(const c10::IValue& constant) {
-  std::ostringstream repr;
-  repr << constant;
-  torch::lazy::hash_t hash = torch::lazy::Hash(repr.str());
-  // Doubles by their bits too: -0.0 prints as 0.0, and printing rounds.
-  if (constant.isDouble()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(constant.toDouble()));
-  if (constant.isDoubleList()) {
-    for (double item : constant.toDoubleVector()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(item));
-  }
-  return hash;
-}
-
 }  // namespace
 
 RegionNode::RegionNode(std::shared_ptr<const Region> region, torch::lazy::OpList operands)

@@ -57,7 +57,8 @@ def _backing(value):
     """A device argument names the device behind the lazy one: the
     TorchScript graph runs there (what LTC's own lowering does)."""
     if isinstance(value, torch.device) and value.type == "lazy":
-        return torch.device(torch._C._lazy._get_default_device_type().lower())
+        from . import _backing_device
+        return torch.device(_backing_device())
     return value
 
 
