@@ -1,9 +1,9 @@
-"""Adam/AdamW steps traced as one node per parameter group (lazy_mlir.fused_optimizer).
+"""Adam/AdamW/SGD steps traced as one node per parameter group (lazy_mlir.fused_optimizer).
 
 Each test trains the user's own (single-tensor) optimizer eagerly on the CPU
 and on the lazy device, and checks that the lazy step really took the fused
 path: the metrics count fused groups, the trace holds one lazy_mlir::adam_step
-node and a fraction of the unfused trace's nodes.
+(or sgd_step) node and a fraction of the unfused trace's nodes.
 """
 from __future__ import annotations
 
@@ -89,7 +89,17 @@ CASES = {
     "adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1),
     "adam_amsgrad": lambda m: torch.optim.Adam(m.parameters(), lr=1e-2, weight_decay=0.05, amsgrad=True),
     "adamw_amsgrad_maximize": lambda m: torch.optim.AdamW(m.parameters(), lr=5e-3, amsgrad=True, maximize=True),
+    # SGD: the first step makes the momentum buffers (other math), later ones update them
+    "sgd_momentum": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+    "sgd_nesterov_decay_maximize": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.8, dampening=0.0,
+                                                             nesterov=True, weight_decay=1e-3, maximize=True),
+    "sgd_dampening": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.7, dampening=0.2),
+    "sgd_plain": lambda m: torch.optim.SGD(m.parameters(), lr=0.05),
 }
+
+
+def _op(case: str) -> str:
+    return "lazy_mlir::sgd_step(" if case.startswith("sgd") else "lazy_mlir::adam_step("
 
 
 @pytest.mark.parametrize("lazy_level", ["O1"], indirect=True)
@@ -103,11 +113,14 @@ def test_matches_eager_fp64_compiled(lazy_level, case):
         CASES[case], torch.float64, inspect=lambda m, o: kinds.append(_pending_text(m, o)))
     _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
     _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
-    assert all(text.count("lazy_mlir::adam_step(") == 1 for text in kinds), kinds[-1]
+    assert all(text.count(_op(case)) == 1 for text in kinds), kinds[-1]
     s = metrics.snapshot()
     assert s["optimizer_groups_fused"] == len(kinds) and s["optimizer_groups_unfused"] == {}
     assert s["fallback_count"] == 0, s["fallbacks"]
-    assert s["cache_hits"] >= len(kinds) - 1, metrics.report()  # every step after the first reuses the graph
+    # every step after the first reuses the graph (SGD's second step is the
+    # first with momentum buffers: another graph)
+    first_graphs = 2 if case in ("sgd_momentum", "sgd_nesterov_decay_maximize", "sgd_dampening") else 1
+    assert s["cache_hits"] >= len(kinds) - first_graphs, metrics.report()
     assert_compiled(s, calls=len(kinds))
 
 
@@ -143,18 +156,20 @@ def test_trace_shrinks(lazy_level):
 
 
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)
-def test_lr_schedule_keeps_the_graph(lazy_level):
+@pytest.mark.parametrize("case", ["adamw", "sgd_momentum"])
+def test_lr_schedule_keeps_the_graph(lazy_level, case):
     """lr is an input: a scheduler changing it every step traces no new graph;
     O0 runs the op's eager kernel (the same ops as torch's Adam). Equal to
     an fp64 ulp, not bit for bit: on some CPUs a vectorised kernel's tail
     rounds differently (2.8e-17 on 0.weight seen on 2026-11-25's machine);
     a wrong lr would differ by orders of magnitude more."""
     _fused(lazy_level)
-    eager, _, lazy, _ = _train(CASES["adamw"], torch.float64, steps=5,
+    eager, _, lazy, _ = _train(CASES[case], torch.float64, steps=5,
                                scheduler=lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7))
     _assert_params_close(eager, lazy, rtol=2e-15, atol=1e-16)
     s = metrics.snapshot()
-    assert s["cache_hits"] >= 4 and s["optimizer_groups_fused"] == 5, metrics.report()  # steps 2-5 hit
+    hits = 3 if case == "sgd_momentum" else 4  # steps 2-5 hit (SGD: 3-5, its step 2 is the first with buffers)
+    assert s["cache_hits"] >= hits and s["optimizer_groups_fused"] == 5, metrics.report()
 
 
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)

@@ -31,7 +31,7 @@ DENIED = HOST_SYNCS | RANDOM_OPS
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 # Ops returning tensor lists that the TS -> FX conversion expands into
 # per-tensor ops (lowering/fused_optimizer.py): their lists stay inside a group.
-LIST_RETURNING = {"lazy_mlir::adam_step"}
+LIST_RETURNING = {"lazy_mlir::adam_step", "lazy_mlir::sgd_step"}
 _allowed: set[str] = set()
 _generation = 0  # bumped by allow()/deny(): compiled graphs then recompile
 

@@ -1,5 +1,5 @@
-"""Adam and AdamW steps on the lazy device traced as one node per parameter
-group (``Config.fuse_optimizer``, on by default).
+"""Adam, AdamW and SGD steps on the lazy device traced as one node per
+parameter group (``Config.fuse_optimizer``, on by default).
 
 torch's single-tensor Adam runs ~10 ops per parameter (``mul_``, ``lerp_``,
 ``mul_``, ``addcmul_``, ``sqrt``, ``div``, ``add_``, ``addcdiv_`` ...), each
@@ -7,33 +7,38 @@ traced by LTC with its scalar arguments: ~10 ms of GPT-mini's trace for 52
 parameters, about as much as its forward and backward together. Its fused
 implementation (``fused=True``, aten's ``_fused_adamw_``) refuses the lazy
 device, and the foreach path traces per tensor anyway (LTC decomposes
-``_foreach_*``).
+``_foreach_*``). SGD with momentum is 3 ops per parameter, but a CNN has
+many small parameters: 1.7 ms of a zoo ResNet's 7.7 ms step.
 
-So while an Adam/AdamW optimizer steps (between the optimizer step pre- and
-post-hooks), torch's functional ``torch.optim.adam.adam``, which its
-``step`` calls once per parameter group, is replaced for lazy parameters by
-one traced ``lazy_mlir::adam_step`` node: a builtin node
+So while such an optimizer steps (between the optimizer step pre- and
+post-hooks), torch's functional ``torch.optim.adam.adam`` /
+``torch.optim.sgd.sgd``, which its ``step`` calls once per parameter group,
+is replaced for lazy parameters by one traced ``lazy_mlir::adam_step`` /
+``lazy_mlir::sgd_step`` node: a builtin node
 (``lazy_backend/builtin_op_node.h``) taking the tensor lists and returning
 the new lists, written back into the parameters and state in place
 (``lazy_backend/functional_update.h``). The op is the single-tensor
 algorithm (``lowering/fused_optimizer.py``): run eagerly at O0, expanded
 into per-tensor aten ops by the TS -> FX conversion when compiled, which
-Inductor fuses into one kernel per parameter. Its per-step scalars are
+Inductor fuses into one kernel per parameter. Adam's per-step scalars are
 computed here, in Python doubles as Adam does, and enter as one 3-element
 input per parameter. (Not aten's ``_fused_adamw``: it computes
 them from the step count inside the op, and Inductor then recomputed the
-``pow`` in every parameter's loop.)
+``pow`` in every parameter's loop.) SGD's lr is one 0-d input, kept on the
+device while it does not change.
 
-What stays as the user chose: the optimizer, its state (``step`` on the CPU,
-as non-capturable Adam keeps it, so ``state_dict`` is unchanged and the
-option can be switched at any step), its hyper-parameters and the math of
-the single-tensor algorithm (compiled results differ by float rounding
-only, as the op-by-op trace's do). ``foreach`` is ignored (same math). Not
-fused, the user's path runs unchanged and ``metrics`` counts why:
-``capturable``, ``differentiable``, complex parameters, tensor betas, AMP's
-``grad_scale``/``found_inf``, parameters not all on one lazy device, and
-optimizers excluded with ``exclude()`` (lazy_mlir.zero's).
-Graph constants: betas, eps, weight decay, amsgrad, maximize (changing one
+What stays as the user chose: the optimizer, its state (Adam's ``step`` on
+the CPU, as non-capturable Adam keeps it, SGD's momentum buffers made at its
+first step, so ``state_dict`` is unchanged and the option can be switched at
+any step), its hyper-parameters and the math of the single-tensor algorithm
+(compiled results differ by float rounding only, as the op-by-op trace's
+do). ``foreach`` is ignored (same math). Not fused, the user's path runs
+unchanged and ``metrics`` counts why: ``capturable``, ``differentiable``,
+complex parameters, tensor betas, AMP's ``grad_scale``/``found_inf``,
+sparse gradients, momentum buffers that only some parameters have,
+parameters not all on one lazy device, and optimizers excluded with
+``exclude()`` (lazy_mlir.zero's). Graph constants: betas, eps, weight
+decay, momentum, dampening, nesterov, amsgrad, maximize (changing one
 traces a new graph); lr and the step count are inputs (a scheduler changes
 lr without a recompile).
 """
@@ -46,11 +51,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import _C, config, metrics
-from .lowering.fused_optimizer import ADAM_STEP, ADAM_STEP_SCHEMA, adam_update, step_scalars
+from .lowering.fused_optimizer import (ADAM_STEP, ADAM_STEP_SCHEMA, SGD_STEP, SGD_STEP_SCHEMA, adam_update,
+                                       sgd_update, step_scalars)
 
-_active = threading.local()  # .optimizer: the Adam stepping now, if it is fused
+_active = threading.local()  # .optimizer: the Adam or SGD stepping now, if it is fused
 _excluded: weakref.WeakSet = weakref.WeakSet()
 _original_adam = None
+_original_sgd = None
+_FUSED_CLASSES = (torch.optim.Adam, torch.optim.SGD)  # AdamW is an Adam
 _hooks: list = []
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -63,15 +71,16 @@ def exclude(optimizer: torch.optim.Optimizer) -> None:
 
 def install() -> None:
     """Wraps ``torch.optim.adam.adam`` (Adam's and AdamW's ``step`` call it)
-    and installs the step hooks that say which optimizer is stepping. Once
-    per process; the config is read at each step."""
-    global _original_adam
+    and ``torch.optim.sgd.sgd``, and installs the step hooks that say which
+    optimizer is stepping. Once per process; the config is read at each step."""
+    global _original_adam, _original_sgd
     if _original_adam is not None:
         return
     import torch.optim.adam as adam_module
+    import torch.optim.sgd as sgd_module
 
-    _original_adam = adam_module.adam
-    adam_module.adam = _adam
+    _original_adam, _original_sgd = adam_module.adam, sgd_module.sgd
+    adam_module.adam, sgd_module.sgd = _adam, _sgd
     _hooks.append(register_optimizer_step_pre_hook(_before_step))
     _hooks.append(register_optimizer_step_post_hook(_after_step))
 
@@ -79,7 +88,7 @@ def install() -> None:
 def _before_step(optimizer, args, kwargs) -> None:
     if torch.compiler.is_compiling():  # torch.compile(opt.step) in the same process: not ours
         return
-    fuse = (config.current.fuse_optimizer and isinstance(optimizer, torch.optim.Adam)
+    fuse = (config.current.fuse_optimizer and isinstance(optimizer, _FUSED_CLASSES)
             and optimizer not in _excluded)
     _active.optimizer = optimizer if fuse else None
 
@@ -94,14 +103,11 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
           differentiable=False, fused=None, grad_scale=None, found_inf=None, has_complex=False,
           decoupled_weight_decay=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
     """torch.optim.adam.adam, traced as one node when the stepping optimizer is fused."""
-    why = None
-    # (not while Dynamo traces torch's own step: torch.compile(opt.step) in the same process)
-    if (not torch.compiler.is_compiling() and getattr(_active, "optimizer", None) is not None
-            and any(p.device.type == "lazy" for p in params)):
+    if _fusing(params):
         why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf,
                          has_complex, beta1, beta2, lr)
         if why is None:
-            _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps,
+            _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps,
                         amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
                         maximize=maximize, decoupled=decoupled_weight_decay)
             metrics.count_optimizer_group(None)
@@ -114,9 +120,91 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
                    maximize=maximize)
 
 
+def _fusing(params) -> bool:
+    """Whether the optimizer stepping now is fused and steps lazy parameters
+    (not while Dynamo traces torch's own step: torch.compile(opt.step) in
+    the same process)."""
+    return (not torch.compiler.is_compiling() and getattr(_active, "optimizer", None) is not None
+            and any(p.device.type == "lazy" for p in params))
+
+
+def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=None, fused=None, grad_scale=None,
+         found_inf=None, *, weight_decay, momentum, lr, dampening, nesterov, maximize):
+    """torch.optim.sgd.sgd, traced as one node when the stepping optimizer is fused."""
+    if _fusing(params):
+        why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum,
+                             lr, weight_decay)
+        if why is None:
+            _fused_sgd_step(params, d_p_list, momentum_buffer_list, weight_decay=float(weight_decay),
+                            momentum=float(momentum), lr=lr, dampening=float(dampening), nesterov=bool(nesterov),
+                            maximize=bool(maximize))
+            metrics.count_optimizer_group(None)
+            return
+        metrics.count_optimizer_group(why)
+    _original_sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=has_sparse_grad, foreach=foreach,
+                  fused=fused, grad_scale=grad_scale, found_inf=found_inf, weight_decay=weight_decay,
+                  momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov, maximize=maximize)
+
+
+def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum, lr,
+                   weight_decay) -> str | None:
+    """Why this SGD parameter group keeps torch's own path (None: it is fused)."""
+    if fused:
+        return "fused=True"
+    if has_sparse_grad:
+        return "sparse gradients"
+    if grad_scale is not None or found_inf is not None:
+        return "grad_scale/found_inf (AMP)"
+    if isinstance(weight_decay, torch.Tensor):
+        return "tensor weight_decay"
+    if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
+        return "lr tensor that is not a plain CPU value"
+    if any(p.is_complex() for p in params):
+        return "complex parameters"
+    device = params[0].device
+    if device.type != "lazy" or any(p.device != device or p.dtype not in _FLOATS for p in params):
+        return "parameters not all floating-point on one lazy device"
+    if momentum != 0 and len({b is None for b in momentum_buffer_list}) > 1:
+        return "momentum buffers that only some parameters have"
+    return None
+
+
+_lr_on_device: dict = {}  # (lr, device, backing) -> its 0-d float64 lazy tensor: no transfer per step while lr holds
+
+
+def _lr_tensor(lr: float, device: torch.device) -> torch.Tensor:
+    from . import _backing_device
+    key = (lr, device, _backing_device())
+    if key not in _lr_on_device:
+        if len(_lr_on_device) > 64:  # a scheduler's values: keep the recent ones only
+            _lr_on_device.clear()
+        _lr_on_device[key] = torch.tensor(lr, dtype=torch.float64).to(device)
+    return _lr_on_device[key]
+
+
+def _fused_sgd_step(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov,
+                    maximize) -> None:
+    device = params[0].device
+    lr = lr.item() if isinstance(lr, torch.Tensor) else float(lr)
+    first = momentum != 0 and momentum_buffer_list[0] is None  # torch's SGD makes each buffer from the gradient
+    buffers = [] if momentum == 0 or first else list(momentum_buffer_list)
+    values = _C.functional_values(list(params) + list(grads) + buffers)
+    n = len(params)
+    arguments = [values[:n], values[n:2 * n], values[2 * n:], _lr_tensor(lr, device), weight_decay, momentum,
+                 dampening, nesterov, maximize]
+    if first:  # new state tensors for the results to go into, as the optimizer's own
+        for i, p in enumerate(params):
+            momentum_buffer_list[i] = torch.empty_like(p)
+    updated = list(params) + (list(momentum_buffer_list) if momentum != 0 else [])
+    outputs = [(t.dtype, list(t.shape)) for t in updated]
+    lengths = [n, n if momentum != 0 else 0]
+    results = _C.trace_builtin(SGD_STEP, "default", arguments, outputs, lengths)
+    _C.functional_replace(updated, results)
+
+
 def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, has_complex,
                beta1, beta2, lr) -> str | None:
-    """Why this parameter group keeps torch's own path (None: it is fused)."""
+    """Why this Adam parameter group keeps torch's own path (None: it is fused)."""
     if fused:
         return "fused=True"
     if capturable:
@@ -139,7 +227,7 @@ def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scal
     return None
 
 
-def _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
+def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
                 weight_decay, eps, maximize, decoupled) -> None:
     device = params[0].device
     torch._foreach_add_(state_steps, 1)  # CPU tensors: Adam's ``step_t += 1``
@@ -184,8 +272,19 @@ def _meta_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *rest
     return tuple([torch.empty_like(t) for t in ts] for ts in (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs))
 
 
+def _eager_sgd_step(*args):
+    with torch.no_grad():
+        return sgd_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
+
+
+def _meta_sgd_step(params, grads, momentum_buffers, lr, weight_decay, momentum, *rest):
+    return [torch.empty_like(t) for t in params], [torch.empty_like(t) for t in params] if momentum != 0 else []
+
+
 _LIB = torch.library.Library("lazy_mlir", "FRAGMENT")
-_LIB.define(ADAM_STEP_SCHEMA)
-for _key in ("CPU", "CUDA"):
-    _LIB.impl("adam_step", _eager_adam_step, _key)
-_LIB.impl("adam_step", _meta_adam_step, "Meta")
+for _schema, _name, _eager, _meta in ((ADAM_STEP_SCHEMA, "adam_step", _eager_adam_step, _meta_adam_step),
+                                      (SGD_STEP_SCHEMA, "sgd_step", _eager_sgd_step, _meta_sgd_step)):
+    _LIB.define(_schema)
+    for _key in ("CPU", "CUDA"):
+        _LIB.impl(_name, _eager, _key)
+    _LIB.impl(_name, _meta, "Meta")

@@ -104,7 +104,7 @@ def record_recompile(record: dict) -> None:
 
 
 def count_optimizer_group(unfused_reason: str | None) -> None:
-    """An Adam parameter group's step: traced as one node (None), or torch's
+    """An Adam or SGD parameter group's step: traced as one node (None), or torch's
     own per-tensor ops, and why (see fused_optimizer)."""
     with _lock:
         _optimizer_groups[unfused_reason] += 1

@@ -1,5 +1,6 @@
-"""``lazy_mlir::adam_step`` (one traced node for an Adam/AdamW step over a
-parameter group, see ``lazy_mlir.fused_optimizer``) -> per-tensor aten ops.
+"""``lazy_mlir::adam_step`` and ``lazy_mlir::sgd_step`` (one traced node for
+an Adam/AdamW or SGD step over a parameter group, see
+``lazy_mlir.fused_optimizer``) -> per-tensor aten ops.
 
 The node takes and returns tensor lists, which our MLIR passes (they
 reason per tensor value: in-place writes, ZeRO shards) and the export back
@@ -104,24 +105,82 @@ def _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scal
     new_exp_avg_sqs.append(exp_avg_sq)
 
 
-def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
-    """The FX expansion of one ``lazy_mlir::adam_step`` call (``args``: its
-    schema arguments in order, tensors as FX nodes) into ``graph``.
+# SGD (torch.optim.SGD's single-tensor algorithm). Its one per-step scalar,
+# lr, is one 0-d float64 input shared by the group's parameters: 8 bytes
+# read in common, under Inductor's horizontal-fusion threshold (see above),
+# as the op-by-op trace's lr is.
+SGD_STEP = "lazy_mlir::sgd_step"
+SGD_STEP_SCHEMA = (
+    "sgd_step(Tensor[] params, Tensor[] grads, Tensor[] momentum_buffers, Tensor lr, float weight_decay, "
+    "float momentum, float dampening, bool nesterov, bool maximize) -> (Tensor[], Tensor[])")
 
-    Each parameter's update goes right after the last of its inputs (its
-    gradient), not at the node's place after the whole backward: where the
-    op-by-op trace has it (LTC lowers in post-order from each output), and
-    where Inductor's fusion and buffer reuse did well with it."""
+
+def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay, momentum, dampening, nesterov,
+               maximize, dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
+    """The op's results (params, momentum buffers after the step). With
+    momentum and no buffers given, it is the first step: each buffer starts
+    as the gradient, as torch's SGD does; without momentum there are none."""
+    new_params, new_buffers = [], []
+    for i, (param, grad) in enumerate(zip(params, grads)):
+        with place(i):
+            if maximize:
+                grad = emit(aten.neg.default, grad)
+            if weight_decay != 0:
+                grad = emit(aten.add.Tensor, grad, param, alpha=weight_decay)
+            if momentum != 0:
+                if momentum_buffers:
+                    buf = emit(aten.add.Tensor, emit(aten.mul.Tensor, momentum_buffers[i], momentum), grad,
+                               alpha=1 - dampening)
+                else:
+                    buf = emit(aten.clone.default, grad)
+                new_buffers.append(buf)
+                grad = emit(aten.add.Tensor, grad, buf, alpha=momentum) if nesterov else buf
+            dtype = dtype_of(param)
+            step_lr = emit(aten._to_copy.default, lr,
+                           dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
+            # param.add_(grad, alpha=-lr)
+            new_params.append(emit(aten.sub.Tensor, param, emit(aten.mul.Tensor, grad, step_lr)))
+    return new_params, new_buffers
+
+
+def _placer(graph: torch.fx.Graph, inputs_of: Callable):
+    """``place(i)`` for an expansion: parameter ``i``'s update goes right
+    after the last of its inputs (its gradient), not at the node's place
+    after the whole backward: where the op-by-op trace has it (LTC lowers
+    in post-order from each output), and where Inductor's fusion and buffer
+    reuse did well with it."""
     order = {node: n for n, node in enumerate(graph.nodes)}
     first_op = next((node for node in graph.nodes if node.op != "placeholder"), None)
-    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars = args[:6]
 
     def place(i):
-        inputs = [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[i]]
-        inputs += [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []
-        latest = max(inputs, key=lambda node: order.get(node, -1))
+        latest = max(inputs_of(i), key=lambda node: order.get(node, -1))
         if latest.op == "placeholder":  # reads the inputs only: before every other op
             return graph.inserting_before(first_op) if first_op is not None else contextlib.nullcontext()
         return graph.inserting_before(latest.next)  # (inserting_after would put each new node first)
 
-    return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=place)
+    return place
+
+
+def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
+    """The FX expansion of one ``lazy_mlir::adam_step`` call (``args``: its
+    schema arguments in order, tensors as FX nodes) into ``graph``."""
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars = args[:6]
+
+    def inputs_of(i):
+        return [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[i]] + (
+            [max_exp_avg_sqs[i]] if max_exp_avg_sqs else [])
+
+    return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
+
+
+def expand_sgd_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
+    """The FX expansion of one ``lazy_mlir::sgd_step`` call, as above."""
+    params, grads, buffers, lr = args[:4]
+
+    def inputs_of(i):
+        return [params[i], grads[i], lr] + ([buffers[i]] if buffers else [])
+
+    return sgd_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
+
+
+EXPANSIONS = {ADAM_STEP: expand_adam_step, SGD_STEP: expand_sgd_step}

@@ -24,7 +24,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from .fused_optimizer import ADAM_STEP, expand_adam_step
+from .fused_optimizer import EXPANSIONS as _OPTIMIZER_EXPANSIONS
 from .op_aliases import alias_of
 
 
@@ -270,9 +270,10 @@ class _Converter:
                 args.append(converted)
         if op in _INDEX_PUTS:
             args[1] = self._explicit_leading_indices(args[0], args[1])
-        if op._schema.name == ADAM_STEP:  # tensor lists in and out: expanded into per-tensor ops
+        expand = _OPTIMIZER_EXPANSIONS.get(op._schema.name)
+        if expand is not None:  # tensor lists in and out: expanded into per-tensor ops
             try:
-                results = expand_adam_step(self.emit, self.graph, args + list(kwargs.values()))
+                results = expand(self.emit, self.graph, args + list(kwargs.values()))
             except Exception as exc:
                 raise ConversionError(f"lazy_mlir: cannot expand {_describe(node)}: {exc}") from exc
             for value, result in zip(node.outputs(), results):
