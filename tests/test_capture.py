@@ -144,6 +144,26 @@ def test_a_changed_key_records_again(lazy_level):
     assert metrics.snapshot()["capture_records"] == 5
 
 
+@pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)
+def test_records_are_bounded(lazy_level):
+    """A key that keeps changing (a new batch size at every call): RECORD_LIMIT
+    records, then a warning naming what changed, and op-by-op calls that
+    still equal eager."""
+    from lazy_mlir.capture import RECORD_LIMIT
+
+    model = lazy_mlir.capture(make_mlp().double()).to(LAZY)
+    reference = make_mlp().double()
+    x, y = fp64(mlp_batches(1, batch=RECORD_LIMIT + 2))[0]
+    with pytest.warns(UserWarning, match="argument dtypes/shapes/values"):
+        for n in range(1, RECORD_LIMIT + 3):
+            out = model(x[:n].to(LAZY), y[:n].to(LAZY))
+            torch._lazy.mark_step()
+            torch.testing.assert_close(out.cpu(), reference(x[:n], y[:n]), **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == RECORD_LIMIT and s["captured_calls"] == RECORD_LIMIT, metrics.report()
+    assert s["capture_refused"] == 2 and "MLP" in s["capture_refusals"], metrics.report()
+
+
 class ReadsValues(nn.Module):
     def __init__(self):
         super().__init__()
@@ -218,3 +238,37 @@ def test_bicubic_backward_compiles(lazy_level):
     s = metrics.snapshot()
     assert s["captured_calls"] == 2, metrics.report()
     assert_compiled(s, calls=2)
+
+
+class SplitsAndUnbinds(nn.Module):
+    """Ops whose lazy kernels are lazy_kernels' hand-written ones (split and
+    unbind as one slice/select per piece, lerp), as attention code splits
+    a fused qkv projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(6, 18)
+
+    def forward(self, x, y):
+        q, k, v = self.qkv(x).split(6, dim=-1)
+        rows = torch.stack([r.tanh() for r in torch.unbind(q * k, dim=0)])
+        return F.mse_loss(torch.lerp(rows, v, 0.25), y)
+
+
+def test_hand_written_kernels_replay_in_one_group(lazy_level):
+    """A region emits what those kernels emit, so the step is one fusion
+    group as op by op: a Tensor[]-returning op in a region would end it."""
+    def make():
+        torch.manual_seed(0)
+        return lazy_mlir.capture(SplitsAndUnbinds().double())
+
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(3, 6, generator=g, dtype=torch.float64),
+                torch.randn(3, 6, generator=g, dtype=torch.float64)) for _ in range(3)]
+    eager = train(make, sgd, batches, CPU)
+    lazy = train(make, sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["captured_calls"] == 3 and s["capture_records"] == 1, metrics.report()
+    assert_compiled(s, calls=3)
+    assert set(s["groups_per_graph"].values()) == {1}, metrics.report()

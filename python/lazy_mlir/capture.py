@@ -15,7 +15,8 @@ traces them; random ops keep their order, so dropout draws what eager draws.
 A record is keyed by what a forward may depend on besides tensor values:
 the arguments' structure, dtypes, shapes and non-tensor values, the
 module's parameters and buffers (which tensors, their dtypes, shapes and
-requires_grad), train/eval and grad mode; any change records again. Like
+requires_grad), train/eval and grad mode; any change records again (up to
+RECORD_LIMIT records per module, then new keys run op by op). Like
 ``torch.compile(model)``, capturing is the user's statement that the forward
 reads nothing else that changes (a global flag, a config edited between
 steps). A forward that cannot be recorded (Python that reads tensor values,
@@ -77,21 +78,34 @@ def _output_sizes(node: torch.fx.Node) -> list[int]:
     return sizes
 
 
-_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default)
+def _decomposition(op) -> torch.fx.GraphModule | None:
+    """The op's entry in lazy_kernels' ``HAND_WRITTEN`` table (split and
+    unbind as one ``slice_copy``/``select_copy`` per piece, lerp, eye), or
+    None. The per-op trace runs those kernels on the lazy device; a region
+    emits what they emit, so a replay builds the per-op trace's graph (a
+    ``Tensor[]`` op, as ``split`` was here first, ends a fusion group)."""
+    from .lazy_kernels import HAND_WRITTEN
+
+    name = op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else f".{op._overloadname}")
+    return HAND_WRITTEN.get(name)
 
 
-def _split_bounds(node: torch.fx.Node):
-    """(input node, dim, [(start, end)] per piece) of a split."""
-    x = node.args[0]
-    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-    length = x.meta["val"].shape[dim]
-    if node.target is torch.ops.aten.split.Tensor:
-        step = node.args[1]
-        sizes = [min(step, length - start) for start in range(0, length, step)] or [0]
-    else:
-        sizes = list(node.args[1])
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return x, dim % x.meta["val"].dim(), [(start, start + n) for start, n in zip(starts, sizes)]
+def _decomposed(node: torch.fx.Node, kernel) -> torch.fx.GraphModule:
+    """``kernel`` run on ``node``'s arguments, traced as an FX graph whose
+    placeholders are the node's tensor arguments, in order."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+    if any(isinstance(v, torch.fx.Node) for v in node.kwargs.values()) or any(
+            isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a) for a in node.args):
+        raise CaptureError(f"{node.target}: tensor arguments other than positional ones")
+
+    def run(*values):
+        it = iter(values)
+        args = [next(it) if isinstance(a, torch.fx.Node) else a for a in node.args]
+        return kernel(*args, **{k: _backing(v) if k == "device" else v for k, v in node.kwargs.items()})
+
+    return make_fx(run)(*(a.meta["val"] for a in tensors))
 
 
 def build_region(gm: torch.fx.GraphModule, name: str):
@@ -110,14 +124,11 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             raise CaptureError(f"{op}: argument {arg!r} is not a tensor of the graph")
         return values[arg]
 
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "get_attr", "output"):
-            continue
-        if node.op != "call_function":
-            raise CaptureError(f"unsupported FX node {node.op} {node.target}")
+    def add(node):
+        nonlocal count
         if node.target is operator.getitem:
             values[node] = values[node.args[0]][node.args[1]]
-            continue
+            return
         if not isinstance(node.target, torch._ops.OpOverload):
             raise CaptureError(f"{node.target} is not an aten op")
         if node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders and not node.users:
@@ -128,19 +139,24 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             if (target.meta["val"].shape, target.meta["val"].dtype) != (value.meta["val"].shape, value.meta["val"].dtype):
                 raise CaptureError(f"copy_ into input {target} changes its shape or dtype")
             writes.append((placeholders.index(target), value))
-            continue
-        if node.target in _SPLITS:  # one slice_copy per piece: a Tensor[] op would split the step's fusion group
-            x, dim, bounds = _split_bounds(node)
-            pieces = []
-            for start, end in bounds:
-                ops.append(("aten::slice_copy", "Tensor", [("value", index(x, node.target)), ("constant", dim),
-                                                           ("constant", start), ("constant", end), ("constant", 1)],
-                            [], 1))
-                pieces.append(count)
-                count += 1
-            values[node] = pieces
-            continue
+            return
         op = _copy_variant(node.target)
+        kernel = _decomposition(op)
+        if kernel is not None:  # what its lazy kernel emits, op by op
+            sub = _decomposed(node, kernel)
+            inner = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            for placeholder, arg in zip(inner, [a for a in node.args if isinstance(a, torch.fx.Node)]):
+                values[placeholder] = values[arg]
+            for n in sub.graph.nodes:
+                if n.op == "call_function":
+                    add(n)
+                elif n.op == "output":
+                    result = n.args[0]
+                    values[node] = ([values[r] for r in result] if isinstance(result, (list, tuple))
+                                    else values[result])
+                elif n.op != "placeholder":
+                    raise CaptureError(f"{node.target}'s decomposition has a {n.op} node")
+            return
         arguments = []
         for i, formal in enumerate(op._schema.arguments):
             if i < len(node.args):
@@ -165,6 +181,13 @@ def build_region(gm: torch.fx.GraphModule, name: str):
         values[node] = returns[0] if len(sizes) == 1 else returns
         ops.append((op._schema.name, op._overloadname, arguments, sizes if any(n >= 0 for n in sizes) else [],
                     sum(1 if n < 0 else n for n in sizes)))
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        if node.op != "call_function":
+            raise CaptureError(f"unsupported FX node {node.op} {node.target}")
+        add(node)
 
     (results,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
     outputs, positions, shapes = [], [], []
@@ -211,6 +234,18 @@ class _Replay:
 
 # ------------------------------------------------------------------ capture
 _recording = threading.local()
+# Records kept per module, as Dynamo's recompile limit: past it a new key
+# (a sequence length that changes every step) runs op by op, where the
+# shape-generic compile path still covers it, instead of recording anew.
+RECORD_LIMIT = 8
+_KEY_PARTS = ("argument structure", "argument dtypes/shapes/values", "parameters and buffers",
+              "their dtypes/shapes/requires_grad", "train/eval", "grad mode")
+
+
+def _key_change(key: tuple, records: dict) -> str:
+    """Which parts of ``key`` differ from the last record's."""
+    last = next(reversed(records))
+    return ", ".join(part for part, a, b in zip(_KEY_PARTS, key, last) if a != b) or "none"
 
 
 def _signature(leaf):
@@ -224,31 +259,33 @@ class _NamedState:
     call, without walking the module tree when it has not changed (the walk
     was a third of a small model's capture overhead): the entries it read
     (dict, key, value: each submodule, parameter and buffer) are checked to
-    be still in place, and the dicts to hold nothing more."""
+    be still in place, and the dicts to hold nothing more (with ``map``, in
+    C: this runs at every call)."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
         self.named: list = []
-        self.entries: list = []  # (dict, key, value)
-        self.sizes: list = []  # (dict, len)
+        self.tensors: list = []
+        self.identity: tuple = ()  # (name, id) of each tensor: part of a record's key
+        self.dicts, self.lengths = [], []
+        self.entry_dicts, self.entry_keys, self.entry_values = [], [], []
 
     def get(self) -> list[tuple[str, torch.Tensor]]:
-        if not self.entries or not self._unchanged():
+        if not self.dicts or not self._unchanged():
             self._walk()
         return self.named
 
     def _unchanged(self) -> bool:
-        return (all(len(d) == n for d, n in self.sizes)
-                and all(d.get(key) is value for d, key, value in self.entries))
+        return (list(map(len, self.dicts)) == self.lengths
+                and all(map(operator.is_, map(dict.get, self.entry_dicts, self.entry_keys), self.entry_values)))
 
     def _walk(self) -> None:
         order, seen = [], {id(self.module)}  # (prefix, module), depth-first as named_modules()
-        entries, sizes = [], []
+        entries, dicts = [], []
 
         def walk(prefix, m):
             order.append((prefix, m))
-            sizes.extend([(m._modules, len(m._modules)), (m._parameters, len(m._parameters)),
-                          (m._buffers, len(m._buffers))])
+            dicts.extend([m._modules, m._parameters, m._buffers])
             for name, child in m._modules.items():
                 entries.append((m._modules, name, child))
                 if child is not None and id(child) not in seen:
@@ -265,7 +302,17 @@ class _NamedState:
                     if t is not None and id(t) not in taken:
                         taken.add(id(t))
                         out.append((prefix + name, t))
-        self.named, self.entries, self.sizes = params + buffers, entries, sizes
+        self.named = params + buffers
+        self.tensors = [t for _, t in self.named]
+        self.identity = tuple((name, id(t)) for name, t in self.named)
+        self.dicts, self.lengths = dicts, [len(d) for d in dicts]
+        self.entry_dicts, self.entry_keys, self.entry_values = (list(x) for x in zip(*entries)) if entries else ([], [], [])
+
+
+def _state_signature(t: torch.Tensor):
+    """What a record assumes of a state tensor besides its identity (``.data``
+    assignment and ``requires_grad_`` change these in place)."""
+    return t.dtype, t.shape, t.requires_grad, t.device.type
 
 
 class CapturedForward:
@@ -283,18 +330,25 @@ class CapturedForward:
         module = self.module
         leaves, spec = tree_flatten((args, kwargs))
         named = self.state.get()
-        state = [t for _, t in named]
+        state = self.state.tensors
+        state_signature = tuple(map(_state_signature, state))
         if (getattr(_recording, "active", False) or torch.compiler.is_compiling()
-                or any(t.device.type != "lazy" for t in state)
+                or any(s[3] != "lazy" for s in state_signature)
                 or any(isinstance(x, torch.Tensor) and x.device.type != "lazy" for x in leaves)):
             return self.original(*args, **kwargs)
-        key = (spec, tuple(_signature(x) for x in leaves),
-               tuple((name, id(t), t.dtype, t.shape, t.requires_grad) for name, t in named),
+        key = (spec, tuple(_signature(x) for x in leaves), self.state.identity, state_signature,
                module.training, torch.is_grad_enabled())
         if key in self.refused:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)
         record = self.records.get(key)
+        if record is None and len(self.records) >= RECORD_LIMIT:
+            why = f"more than {RECORD_LIMIT} records (a key that keeps changing: {_key_change(key, self.records)})"
+            warnings.warn(f"lazy_mlir.capture: {type(module).__name__}.forward has {why}; new keys run op by op",
+                          stacklevel=2)
+            metrics.count_capture("refused", type(module).__name__, why)
+            self.refused.add(key)
+            return self.original(*args, **kwargs)
         if record is None:
             try:
                 record = self._record([name for name, _ in named], state, leaves, spec)
