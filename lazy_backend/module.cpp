@@ -69,6 +69,9 @@ PYBIND11_MODULE(_C, m) {
         "Trace an aten op without a lazy kernel as a TorchScript builtin node; returns lazy tensors.",
         py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"),
         py::arg("list_sizes") = std::vector<int64_t>());
+  m.def("device_data_rows", &lazy_mlir::deviceDataRows,
+        "One lazy device-data tensor per row of a CPU tensor, not functionalized (builtin operands).",
+        py::arg("rows"), py::arg("device"));
   py::class_<lazy_mlir::Region, std::shared_ptr<lazy_mlir::Region>>(m, "Region")
       .def_property_readonly("name", [](const lazy_mlir::Region& r) { return r.name; })
       .def_property_readonly("num_ops", [](const lazy_mlir::Region& r) { return r.ops.size(); });
