@@ -181,8 +181,9 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
             continue
         p = r["paired_ms"]
         print(f"{v:<22}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
-    print("  graph: inside Inductor-generated code (kernels and their Python wrapper); matmul: its "
-          "mm/addmm/bmm calls; outside: the rest of the step (Python, autograd, lazy tracing, LTC)")
+    print("  graph: inside Inductor-generated code (kernels and their wrapper); matmul: its mm/addmm/bmm calls "
+          "(nan: a C++ wrapper calls them out of Python's sight); outside: the rest of the step (Python, autograd, "
+          "lazy tracing, LTC)")
     _print_loss_diffs(ok)
 
 

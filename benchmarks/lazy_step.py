@@ -125,8 +125,10 @@ def not_captured(s: dict, steps: int) -> str | None:
 class GeneratedCodeClock:
     """Time spent in Inductor-generated code, for any row that runs some
     (torch.compile's and lazy_mlir's alike): ``graph`` inside compiled graph
-    calls (the generated Python wrapper with its kernels), ``matmul`` in the
-    extern GEMM calls among them (mm, addmm, bmm). Wraps those entry points
+    calls (the generated wrapper with its kernels), ``matmul`` in the
+    extern GEMM calls among them (mm, addmm, bmm) when the wrapper is Python:
+    a C++ wrapper (lazy_mlir's Config.cpp_wrapper, on by default) calls them
+    without Python, and take_turns reports nan. Wraps those entry points
     for the whole process; ``take()`` returns and clears the seconds since
     the last take."""
 
@@ -185,8 +187,10 @@ def take_turns(rows: dict, batches: list, warmup: int) -> dict[str, dict]:
     results = {}
     for name in rows:
         timed = parts[name][warmup:]
-        results[name] = {"ms_per_step": statistics.median(p["step"] for p in timed) * 1000,
-                         "paired_ms": {k: statistics.median(p[k] for p in timed) * 1000 for k in PAIRED_PARTS},
+        paired = {k: statistics.median(p[k] for p in timed) * 1000 for k in PAIRED_PARTS}
+        if paired["graph"] > 0 and not any(p["matmul"] for p in timed):  # a C++ wrapper: GEMMs out of sight
+            paired["matmul"] = float("nan")
+        results[name] = {"ms_per_step": statistics.median(p["step"] for p in timed) * 1000, "paired_ms": paired,
                          "first_step_s": parts[name][0]["step"], "losses": losses[name],
                          "final_loss": losses[name][-1]}
     return results

@@ -18,6 +18,10 @@ os.environ["LAZY_MLIR_BACKGROUND_COMPILE"] = "0"
 # Likewise first steps compile in the step, one group after the other (side by
 # side, running TorchScript meanwhile, is test_parallel_compile's and the zoo's).
 os.environ["LAZY_MLIR_COMPILE_WORKERS"] = "0"
+# Inductor's C++ wrapper (the default) makes a cold compile ~1-2 s longer per
+# graph, and the suite compiles hundreds: it runs with the Python wrapper,
+# test_cpp_wrapper with the C++ one (the code between the wrappers is the same).
+os.environ["LAZY_MLIR_CPP_WRAPPER"] = "0"
 
 import lazy_mlir  # noqa: E402
 from lazy_mlir import compile_cache, metrics, shape_generic  # noqa: E402

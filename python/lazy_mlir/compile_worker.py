@@ -46,7 +46,8 @@ def _serve(jobs: Connection, replies: Connection) -> None:
         try:
             gm = portable_graph.loads(job["graph"])
             fake_mode, fakes = fake_inputs_of([blank_input(layout) for layout in job["inputs"]])
-            _, _, artefact = inductor.compile_graph(gm, fakes, fake_mode, job["name"], serializable=True)
+            _, _, artefact = inductor.compile_graph(gm, fakes, fake_mode, job["name"], serializable=True,
+                                                    cpp_wrapper=job.get("cpp_wrapper", False))
             if artefact is None:
                 raise RuntimeError("Inductor gave no serializable artefact")
             reply = ("done", artefact, time.perf_counter() - start)

@@ -532,7 +532,9 @@ class DeferredCompile:
         return self.prepared is not None and self.prepared.artifacts is not None
 
     def request(self) -> tuple:
-        return self.name, self.prepared.artifacts["graph"], [parallel_compile.input_layout(t) for t in self.inputs]
+        artifacts = self.prepared.artifacts
+        return (self.name, artifacts["graph"], [parallel_compile.input_layout(t) for t in self.inputs],
+                artifacts.get("cpp_wrapper", False))
 
     def generated_elsewhere(self, artefact: bytes, seconds: float) -> None:
         """A worker's code for it (loaded by ``finish``)."""

@@ -134,7 +134,7 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
     if cfg.donated_inputs and symbolic is None:  # outputs written into dead inputs' buffers
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
     dump.write(name, "4.export.fx.txt", gm.code)
-    artifacts = _cache_artifacts(gm) if cfg.cache or keep_graph else None  # before Inductor changes gm
+    artifacts = _cache_artifacts(gm, cfg) if cfg.cache or keep_graph else None  # before Inductor changes gm
     return PreparedGroup(name, gm, fake_inputs, fake_mode, guards, _collective_bytes(gm), artifacts,
                          symbolic is not None)
 
@@ -149,7 +149,8 @@ def generate_code(prepared: PreparedGroup, cfg: config.Config) -> LoweredGroup:
         gm = portable_graph.loads(stored["graph"])
     with _Stage("codegen"):  # Inductor: the default, and mlir-llvm's unsupported groups
         run, code, artefact = inductor.compile_graph(gm, prepared.fake_inputs, prepared.fake_mode, prepared.name,
-                                                     serializable=stored is not None and cfg.cache_inductor)
+                                                     serializable=stored is not None and cfg.cache_inductor,
+                                                     cpp_wrapper=cfg.cpp_wrapper)
     if stored is not None:
         stored["inductor"] = artefact
     dump.write(prepared.name, "5.generated.py", code)
@@ -173,9 +174,11 @@ def group_device(inputs: list[torch.Tensor], default: str) -> torch.device:
     return next((d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device(default))
 
 
-def _cache_artifacts(gm: torch.fx.GraphModule) -> dict | None:
+def _cache_artifacts(gm: torch.fx.GraphModule, cfg: config.Config) -> dict | None:
+    """The exported graph as bytes, with what its code generation needs
+    besides (read by load_group and the compile workers)."""
     try:
-        return {"graph": portable_graph.dumps(gm), "inductor": None}
+        return {"graph": portable_graph.dumps(gm), "inductor": None, "cpp_wrapper": cfg.cpp_wrapper}
     except Exception as exc:  # noqa: BLE001 - an unpicklable constant costs the cache entry, not the step
         warnings.warn(f"lazy_mlir: a group cannot be stored in the compile cache ({type(exc).__name__}: {exc})",
                       RuntimeWarning, stacklevel=2)
@@ -202,7 +205,8 @@ def load_group(artifacts: dict, guards: list, collective_bytes: dict, inputs: li
             gm = portable_graph.loads(artifacts["graph"])
             fake_mode, fake_inputs = fake_inputs_of(inputs, dynamic)
         with _Stage("codegen"):
-            run, _, _ = inductor.compile_graph(gm, fake_inputs, fake_mode, name)
+            run, _, _ = inductor.compile_graph(gm, fake_inputs, fake_mode, name,
+                                               cpp_wrapper=artifacts.get("cpp_wrapper", False))
     return LoweredGroup(run, list(guards), dict(collective_bytes))
 
 

@@ -84,10 +84,10 @@ class WorkerProcess:
         self.alive = self.ready
         return self.ready
 
-    def compile(self, name: str, graph: bytes, layouts: list[tuple]) -> tuple:
+    def compile(self, name: str, graph: bytes, layouts: list[tuple], cpp_wrapper: bool = False) -> tuple:
         """("done", artefact bytes, seconds) or ("failed", why)."""
         try:
-            self.jobs.send({"name": name, "graph": graph, "inputs": layouts})
+            self.jobs.send({"name": name, "graph": graph, "inputs": layouts, "cpp_wrapper": cpp_wrapper})
             return self.replies.recv()
         except (EOFError, OSError) as exc:
             self.alive = False

@@ -102,7 +102,7 @@ def test_a_group_off_the_cpu_goes_to_inductor_with_its_device(monkeypatch):
     graph.eraseInput(1)
     seen = {}
 
-    def fake_inductor(gm, fake_inputs, fake_mode, name, serializable=False):
+    def fake_inductor(gm, fake_inputs, fake_mode, name, serializable=False, cpp_wrapper=False):
         seen["gm"], seen["inputs"] = gm, fake_inputs
         return (lambda inputs: []), "", None
 

@@ -11,6 +11,7 @@ tracing or compiling the graph again.
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 import torch.fx as fx
@@ -18,12 +19,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode, name: str,
-                  serializable: bool = False):
+                  serializable: bool = False, cpp_wrapper: bool = False):
     """Returns (callable list[Tensor] -> list[Tensor], generated source,
     artefact bytes or None). ``fake_inputs`` carry the real inputs' shapes,
-    dtypes and strides."""
+    dtypes and strides. ``cpp_wrapper``: Inductor's C++ wrapper around the
+    kernels of a CPU graph without collectives (Config.cpp_wrapper)."""
     from torch._inductor.codecache import PyCodeCache
-    from torch._inductor.compile_fx import compile_fx
 
     loaded_before = set(PyCodeCache.modules)
     planned = collective_issue_order(gm.code)
@@ -32,14 +33,28 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     # each gather just before its wait, and pulls optimizer updates into
     # backward, serializing every collective).
     options = {"reorder_for_peak_memory": False} if planned else {}
+    if cpp_wrapper and not planned and all(t.device.type == "cpu" for t in fake_inputs):
+        options["cpp_wrapper"] = True
+        # The C++ wrapper checks its inputs' layouts against the placeholders'
+        # values, which the export made contiguous; the code is compiled for
+        # the real inputs' strides (LTC hands over transposed buffers too).
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for node, fake in zip(placeholders, fake_inputs):
+            node.meta["val"] = fake
     compiled = artefact = None
     if serializable:
         compiled = _standalone(gm, fake_inputs, fake_mode, options)
         artefact = _serialize(compiled) if compiled is not None else None
     if compiled is None:  # not serializable, or standalone_compile refused the graph
-        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), torch.no_grad(), \
-                torch._inductor.config.patch(options):
-            compiled = compile_fx(gm, fake_inputs)
+        try:
+            compiled = _compile_fx(gm, fake_inputs, fake_mode, options)
+        except Exception as exc:
+            if not options.get("cpp_wrapper"):
+                raise
+            warnings.warn(f"lazy_mlir: Inductor's C++ wrapper failed for {name} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); it gets the Python wrapper",
+                          RuntimeWarning, stacklevel=2)
+            compiled = _compile_fx(gm, fake_inputs, fake_mode, dict(options, cpp_wrapper=False))
     new_modules = [m for m in PyCodeCache.modules if m not in loaded_before]
     code = "\n\n".join(_source_of(m) for m in new_modules)
     # The zero passes chose when each collective starts: Inductor keeps that
@@ -54,6 +69,14 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         return list(compiled(*inputs))
 
     return run, code, artefact
+
+
+def _compile_fx(gm, fake_inputs, fake_mode, options):
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), torch.no_grad(), \
+            torch._inductor.config.patch(options):
+        return compile_fx(gm, fake_inputs)
 
 
 def _standalone(gm, fake_inputs, fake_mode, options):
