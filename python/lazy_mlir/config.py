@@ -86,10 +86,11 @@ class Config:
     # Set by the backend on one fusion group's copy of the config, never by
     # users: the group inputs its code may write outputs into.
     donated_inputs: tuple = ()
-    # Trace an Adam/AdamW step on the lazy device as one node per parameter
-    # group instead of ~10 ops per parameter (see fused_optimizer; same math,
-    # float rounding aside): ~30% less trace and LTC sync on GPT-mini, its
-    # generated code as fast or faster (README). LAZY_MLIR_FUSE_OPTIMIZER=0 turns it off.
+    # Trace an Adam/AdamW (or SGD) step on the lazy device as one node per
+    # parameter group instead of ~10 (SGD: ~3) ops per parameter (see
+    # fused_optimizer; same math, float rounding aside): ~30% less trace and
+    # LTC sync on GPT-mini, its generated code as fast or faster (README).
+    # LAZY_MLIR_FUSE_OPTIMIZER=0 turns it off.
     fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", True))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
