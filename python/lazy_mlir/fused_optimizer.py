@@ -104,12 +104,12 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
           decoupled_weight_decay=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
     """torch.optim.adam.adam, traced as one node when the stepping optimizer is fused."""
     if _fusing(params):
-        why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf,
-                         has_complex, beta1, beta2, lr)
+        why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, beta1, beta2,
+                         lr)
         if why is None:
             _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps,
-                        amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
-                        maximize=maximize, decoupled=decoupled_weight_decay)
+                             amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                             maximize=maximize, decoupled=decoupled_weight_decay)
             metrics.count_optimizer_group(None)
             return
         metrics.count_optimizer_group(why)
@@ -146,17 +146,13 @@ def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=
                   momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov, maximize=maximize)
 
 
-def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum, lr,
-                   weight_decay) -> str | None:
-    """Why this SGD parameter group keeps torch's own path (None: it is fused)."""
+def _unfusable_group(params, fused, grad_scale, found_inf, lr) -> str | None:
+    """Why a parameter group of any fused optimizer keeps torch's own path
+    (None: nothing here stops it)."""
     if fused:
         return "fused=True"
-    if has_sparse_grad:
-        return "sparse gradients"
     if grad_scale is not None or found_inf is not None:
         return "grad_scale/found_inf (AMP)"
-    if isinstance(weight_decay, torch.Tensor):
-        return "tensor weight_decay"
     if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
         return "lr tensor that is not a plain CPU value"
     if any(p.is_complex() for p in params):
@@ -164,9 +160,19 @@ def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_sc
     device = params[0].device
     if device.type != "lazy" or any(p.device != device or p.dtype not in _FLOATS for p in params):
         return "parameters not all floating-point on one lazy device"
+    return None
+
+
+def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum, lr,
+                   weight_decay) -> str | None:
+    """Why this SGD parameter group keeps torch's own path (None: it is fused)."""
+    if has_sparse_grad:
+        return "sparse gradients"
+    if isinstance(weight_decay, torch.Tensor):
+        return "tensor weight_decay"
     if momentum != 0 and len({b is None for b in momentum_buffer_list}) > 1:
         return "momentum buffers that only some parameters have"
-    return None
+    return _unfusable_group(params, fused, grad_scale, found_inf, lr)
 
 
 _lr_on_device: dict = {}  # (lr, device, backing) -> its 0-d float64 lazy tensor: no transfer per step while lr holds
@@ -195,40 +201,25 @@ def _fused_sgd_step(params, grads, momentum_buffer_list, *, weight_decay, moment
     if first:  # new state tensors for the results to go into, as the optimizer's own
         for i, p in enumerate(params):
             momentum_buffer_list[i] = torch.empty_like(p)
-    updated = list(params) + (list(momentum_buffer_list) if momentum != 0 else [])
-    outputs = [(t.dtype, list(t.shape)) for t in updated]
-    lengths = [n, n if momentum != 0 else 0]
-    results = _C.trace_builtin(SGD_STEP, "default", arguments, outputs, lengths)
-    _C.functional_replace(updated, results)
+    _trace_update(SGD_STEP, arguments, [params, momentum_buffer_list if momentum != 0 else []])
 
 
-def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, has_complex,
-               beta1, beta2, lr) -> str | None:
+def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, beta1, beta2,
+               lr) -> str | None:
     """Why this Adam parameter group keeps torch's own path (None: it is fused)."""
-    if fused:
-        return "fused=True"
     if capturable:
         return "capturable=True"
     if differentiable:
         return "differentiable=True"
-    if grad_scale is not None or found_inf is not None:
-        return "grad_scale/found_inf (AMP)"
-    if has_complex:
-        return "complex parameters"
     if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
         return "tensor betas"
-    if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
-        return "lr tensor that is not a plain CPU value"
-    device = params[0].device
-    if device.type != "lazy" or any(p.device != device or p.dtype not in _FLOATS for p in params):
-        return "parameters not all floating-point on one lazy device"
     if any(s.device.type != "cpu" for s in state_steps):
         return "step counts not on the CPU"
-    return None
+    return _unfusable_group(params, fused, grad_scale, found_inf, lr)
 
 
 def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
-                weight_decay, eps, maximize, decoupled) -> None:
+                     weight_decay, eps, maximize, decoupled) -> None:
     device = params[0].device
     torch._foreach_add_(state_steps, 1)  # CPU tensors: Adam's ``step_t += 1``
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
@@ -253,11 +244,17 @@ def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, stat
         arguments.append(values[start:start + length])
         start += length
     arguments += [beta1, beta2, weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled)]
-    updated = (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)  # grads are not written, as by torch's Adam
-    outputs = [(t.dtype, list(t.shape)) for ts in updated for t in ts]
-    lengths = [len(ts) for ts in updated]
-    results = _C.trace_builtin(ADAM_STEP, "default", arguments, outputs, lengths)
-    _C.functional_replace([t for ts in updated for t in ts], results)
+    # grads are not written, as by torch's Adam
+    _trace_update(ADAM_STEP, arguments, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs])
+
+
+def _trace_update(op: str, arguments: list, updated: list[list[torch.Tensor]]) -> None:
+    """Traces ``op`` as one node and writes its Tensor[] results into the
+    tensors of ``updated`` (one list per result) in place."""
+    targets = [t for ts in updated for t in ts]
+    results = _C.trace_builtin(op, "default", arguments, [(t.dtype, list(t.shape)) for t in targets],
+                               [len(ts) for ts in updated])
+    _C.functional_replace(targets, results)
 
 
 # ------------------------------------------------------------------ the op
