@@ -106,40 +106,40 @@ def _op(case: str) -> str:
     return "lazy_mlir::sgd_step(" if case.startswith("sgd") else "lazy_mlir::adam_step("
 
 
+def _fused_fp64_run(make_opt, case: str) -> tuple[int, dict]:
+    """Trains in fp64 against eager; checks parameters and state to ~1e-13
+    and one fused node in every step's trace. Returns (steps, metrics)."""
+    kinds = []
+    eager, eager_opt, lazy, lazy_opt = _train(
+        make_opt, torch.float64, inspect=lambda m, o: kinds.append(_pending_text(m, o)))
+    _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
+    _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
+    assert all(text.count(_op(case)) == 1 for text in kinds), kinds[-1]
+    s = metrics.snapshot()
+    assert s["optimizer_groups_fused"] == len(kinds) and s["optimizer_groups_unfused"] == {}
+    return len(kinds), s
+
+
 @pytest.mark.parametrize("lazy_level", ["O1"], indirect=True)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_eager_fp64_compiled(lazy_level, case):
     """fp64: the single-tensor math, compiled, within ~1e-14 of eager; one
     fused node per step, run as generated code, nothing eager."""
     _fused(lazy_level)
-    kinds = []
-    eager, eager_opt, lazy, lazy_opt = _train(
-        CASES[case], torch.float64, inspect=lambda m, o: kinds.append(_pending_text(m, o)))
-    _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
-    _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
-    assert all(text.count(_op(case)) == 1 for text in kinds), kinds[-1]
-    s = metrics.snapshot()
-    assert s["optimizer_groups_fused"] == len(kinds) and s["optimizer_groups_unfused"] == {}
+    steps, s = _fused_fp64_run(CASES[case], case)
     assert s["fallback_count"] == 0, s["fallbacks"]
     # every step after the first reuses the graph (SGD's second step is the
     # first with momentum buffers: another graph)
     first_graphs = 2 if case in ("sgd_momentum", "sgd_nesterov_decay_maximize") else 1
-    assert s["cache_hits"] >= len(kinds) - first_graphs, metrics.report()
-    assert_compiled(s, calls=len(kinds))
+    assert s["cache_hits"] >= steps - first_graphs, metrics.report()
+    assert_compiled(s, calls=steps)
 
 
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)
 @pytest.mark.parametrize("case", sorted(O0_CASES))
 def test_other_sgd_settings_match_eager(lazy_level, case):
     _fused(lazy_level)
-    kinds = []
-    eager, eager_opt, lazy, lazy_opt = _train(
-        O0_CASES[case], torch.float64, inspect=lambda m, o: kinds.append(_pending_text(m, o)))
-    _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
-    _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
-    assert all(text.count("lazy_mlir::sgd_step(") == 1 for text in kinds), kinds[-1]
-    s = metrics.snapshot()
-    assert s["optimizer_groups_fused"] == len(kinds) and s["optimizer_groups_unfused"] == {}
+    _fused_fp64_run(O0_CASES[case], case)
 
 
 @pytest.mark.parametrize("lazy_level", ["O1"], indirect=True)

@@ -90,12 +90,11 @@ def _decomposition(op) -> torch.fx.GraphModule | None:
     return HAND_WRITTEN.get(name)
 
 
-def _decomposed(node: torch.fx.Node, kernel) -> torch.fx.GraphModule:
+def _decomposed(node: torch.fx.Node, kernel, tensors: list[torch.fx.Node]) -> torch.fx.GraphModule:
     """``kernel`` run on ``node``'s arguments, traced as an FX graph whose
-    placeholders are the node's tensor arguments, in order."""
+    placeholders are ``tensors``, the node's tensor arguments in order."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
     if any(isinstance(v, torch.fx.Node) for v in node.kwargs.values()) or any(
             isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a) for a in node.args):
         raise CaptureError(f"{node.target}: tensor arguments other than positional ones")
@@ -143,9 +142,10 @@ def build_region(gm: torch.fx.GraphModule, name: str):
         op = _copy_variant(node.target)
         kernel = _decomposition(op)
         if kernel is not None:  # what its lazy kernel emits, op by op
-            sub = _decomposed(node, kernel)
+            tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+            sub = _decomposed(node, kernel, tensors)
             inner = [n for n in sub.graph.nodes if n.op == "placeholder"]
-            for placeholder, arg in zip(inner, [a for a in node.args if isinstance(a, torch.fx.Node)]):
+            for placeholder, arg in zip(inner, tensors):
                 values[placeholder] = values[arg]
             for n in sub.graph.nodes:
                 if n.op == "call_function":
