@@ -101,6 +101,7 @@ PYBIND11_MODULE(_C, m) {
         "Updates functionalized tensors in place to the given lazy values (functional_update.h).",
         py::arg("targets"), py::arg("values"));
   m.def("share_base_buffers", &lazy_mlir::shareBaseBuffers);
+  m.def("own_buffers", &lazy_mlir::ownBuffers);
   m.def("device_data_ptr", [](const at::Tensor& tensor) -> int64_t {
     // The address of the buffer behind a synced lazy tensor's data, 0 when it
     // has none (pending or never synced): tests and benchmarks see whether a

@@ -55,4 +55,27 @@ int64_t shareBaseBuffers(const std::vector<at::Tensor>& tensors) {
   return shared;
 }
 
+int64_t ownBuffers(const std::vector<at::Tensor>& tensors) {
+  int64_t owned = 0;
+  for (const at::Tensor& t : tensors) {
+    auto* wrapper = wrapperOf(t);
+    // another alias of the storage (a `.data` the user holds, a parameter
+    // tied by storage) must keep seeing this tensor's updates
+    if (wrapper == nullptr || wrapper->isBaseTensor() || wrapper->storage().use_count() != 1) {
+      continue;
+    }
+    wrapper->sync_();
+    wrapper->_unsafe_reset_storage();
+    // A fresh storage is at generation 0, where views taken of it read their
+    // value as taken; after a step's update (generation > 0) they read it
+    // regenerated from the base. One update of the same value makes the
+    // first step trace as every later one.
+    wrapper->replace_(wrapper->value());
+    wrapper->commit_update();
+    wrapper->sync_();
+    ++owned;
+  }
+  return owned;
+}
+
 }  // namespace lazy_mlir

@@ -19,4 +19,11 @@ std::vector<at::Tensor> functionalBases(const std::vector<at::Tensor>& tensors);
 // inputs as every later one. Returns how many were shared.
 int64_t shareBaseBuffers(const std::vector<at::Tensor>& tensors);
 
+// Makes each tensor that is the only alias of its functional storage a base
+// of its own (its current value, no view of the moved tensor any more), so
+// that an in-place update no longer writes the base and regenerates the view
+// (a detach_copy node and a second graph output per parameter per step).
+// Returns how many were made bases.
+int64_t ownBuffers(const std::vector<at::Tensor>& tensors);
+
 }  // namespace lazy_mlir

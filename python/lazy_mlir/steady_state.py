@@ -121,6 +121,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
         with metrics.setup_graph():
             _sync_settled(params + _C.functional_bases(params) + buffers + _C.functional_bases(buffers))
         _C.share_base_buffers(params)
+        _C.own_buffers(params)
     finally:
         settling = False
         _C.pause_ir_reuse(False)
