@@ -3,6 +3,8 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "builtin_op_node.h"
+
 namespace lazy_mlir {
 
 namespace fimpl = at::functionalization::impl;
@@ -36,6 +38,14 @@ void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector
     fimpl::sync(target);
     torch::autograd::impl::bump_version(target);
   }
+}
+
+void traceUpdate(const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
+                 const std::vector<at::Tensor>& targets, const std::vector<int64_t>& list_sizes) {
+  std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> outputs;
+  outputs.reserve(targets.size());
+  for (const at::Tensor& t : targets) outputs.emplace_back(t.scalar_type(), t.sizes().vec());
+  functionalReplace(targets, traceBuiltin(qualified_name, overload, args, outputs, list_sizes));
 }
 
 }  // namespace lazy_mlir

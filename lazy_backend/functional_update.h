@@ -7,7 +7,9 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
+#include <string>
 #include <vector>
 
 namespace lazy_mlir {
@@ -20,5 +22,11 @@ std::vector<at::Tensor> functionalValues(const std::vector<at::Tensor>& tensors)
 // after an in-place op: the update reaches the tensors aliasing it, and its
 // autograd version counter is bumped.
 void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& values);
+
+// traceBuiltin (builtin_op_node.h) of an op whose flattened results are the
+// new values of `targets` (their shapes and dtypes), then functionalReplace:
+// one call per optimizer step, no result tensor handed to Python.
+void traceUpdate(const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
+                 const std::vector<at::Tensor>& targets, const std::vector<int64_t>& list_sizes);
 
 }  // namespace lazy_mlir

@@ -100,6 +100,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("functional_replace", &lazy_mlir::functionalReplace,
         "Updates functionalized tensors in place to the given lazy values (functional_update.h).",
         py::arg("targets"), py::arg("values"));
+  m.def("trace_update", &lazy_mlir::traceUpdate,
+        "Trace an op as one node and write its results into functionalized tensors (functional_update.h).",
+        py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("targets"), py::arg("list_sizes"));
   m.def("share_base_buffers", &lazy_mlir::shareBaseBuffers);
   m.def("own_buffers", &lazy_mlir::ownBuffers);
   m.def("device_data_ptr", [](const at::Tensor& tensor) -> int64_t {

@@ -251,10 +251,7 @@ def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, stat
 def _trace_update(op: str, arguments: list, updated: list[list[torch.Tensor]]) -> None:
     """Traces ``op`` as one node and writes its Tensor[] results into the
     tensors of ``updated`` (one list per result) in place."""
-    targets = [t for ts in updated for t in ts]
-    results = _C.trace_builtin(op, "default", arguments, [(t.dtype, list(t.shape)) for t in targets],
-                               [len(ts) for ts in updated])
-    _C.functional_replace(targets, results)
+    _C.trace_update(op, "default", arguments, [t for ts in updated for t in ts], [len(ts) for ts in updated])
 
 
 # ------------------------------------------------------------------ the op
