@@ -1,6 +1,10 @@
 """Training-step time of the test zoo's models (tests/models/zoo.py): eager,
 torch.compile(model) with the optimizer step eager, torch.compile(model) with
-torch.compile(optimizer.step), and lazy_mlir O1.
+torch.compile(optimizer.step), and lazy_mlir O1 (per-op trace, the model
+captured). Two more rows compile the loss with the model, each the other's
+baseline: torch.compile of the loss function with torch.compile(optimizer.step)
+(`compile_loss_opt`), and lazy_mlir.capture of the loss function
+(`lazy_mlir_O1_capture_loss`; the ratio column /c.l+opt).
 
 Each (model, variant) runs in its own subprocess, all in one invocation and
 interleaved round by round, so the ratios are measured side by side. Eager
@@ -34,7 +38,10 @@ from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, bac
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
-VARIANTS = ["eager", "compile_model", "compile_model_opt", "lazy_mlir_O1", "lazy_mlir_O1_capture"]
+VARIANTS = ["eager", "compile_model", "compile_model_opt", "compile_loss_opt", "lazy_mlir_O1", "lazy_mlir_O1_capture",
+            "lazy_mlir_O1_capture_loss"]
+OPT_COMPILED = ("compile_model_opt", "compile_loss_opt")
+W = 27  # the variant column
 
 
 def _make_step(name: str, variant: str):
@@ -55,12 +62,20 @@ def _make_step(name: str, variant: str):
     model.train()
     opt = spec.optimizer(model)
     forward = torch.compile(model) if variant in COMPILE_ROWS else model
+
+    def loss_of(*batch):
+        return spec.loss(forward, *batch)
+
+    if variant == "compile_loss_opt":
+        loss_of = torch.compile(loss_of)
     if variant.endswith("_capture"):
         lazy_mlir.capture(model)
-    opt_step = torch.compile(opt.step) if variant == "compile_model_opt" else opt.step
+    if variant.endswith("_capture_loss"):
+        loss_of = lazy_mlir.capture(loss_of, modules=[model])
+    opt_step = torch.compile(opt.step) if variant in OPT_COMPILED else opt.step
 
     def step(batch, mark_step=None):
-        loss = spec.loss(forward, *(t.to(device) for t in batch))
+        loss = loss_of(*(t.to(device) for t in batch))
         loss.backward()
         opt_step()
         opt.zero_grad(set_to_none=True)
@@ -72,7 +87,7 @@ def _make_step(name: str, variant: str):
 
 
 def _level(variant: str) -> str:
-    """"O1" of "lazy_mlir_O1" and "lazy_mlir_O1_capture"."""
+    """"O1" of "lazy_mlir_O1", "lazy_mlir_O1_capture", ...."""
     return variant.split("_")[2]
 
 
@@ -81,7 +96,7 @@ def _lazy_checks(variant: str, steps: int) -> dict:
     s = metrics.snapshot()
     result = {"executions_per_step": s["graph_executions"] / steps, "fallbacks_per_step": s["fallback_count"] / steps,
               "syncs": s["syncs"]}
-    why = not_compiled(s, _level(variant)) or (not_captured(s, steps) if variant.endswith("_capture") else None)
+    why = not_compiled(s, _level(variant)) or (not_captured(s, steps) if "_capture" in variant else None)
     if why:
         result["failed"] = why
     return result
@@ -168,26 +183,27 @@ def main():
     print(f"\nZoo training steps (fp32) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
           f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
-    print(f"{'model':<10}{'variant':<22}{'ms/step':>9}{RATIO_COLUMNS}{'first s':>9}"
+    print(f"{'model':<10}{'variant':<{W}}{'ms/step':>9}{RATIO_COLUMNS}{'/c.l+opt':>9}{'first s':>9}"
           f"{'exec/step':>10}{'fallb/step':>11}{detail}{'loss':>9}")
     for name in args.models.split(","):
         ok = {v: r for (m, v), r in results.items() if m == name and "failed" not in r}
         for variant in args.only.split(","):
             r = results[(name, variant)]
             if "failed" in r:
-                print(f"{name:<10}{variant:<22}  FAILED: {r['failed']}")
+                print(f"{name:<10}{variant:<{W}}  FAILED: {r['failed']}")
                 continue
             ms = r["ms_per_step"]
             detail_cells = (f"{r['paired_ms']['graph']:>8.2f}{r['paired_ms']['outside']:>9.2f}" if args.paired
                             else split_cells(r.get("split_ms")))
-            print(f"{name:<10}{variant:<22}{ms:>9.2f}{ratio_cells(ms, ok)}"
+            loss_base = ok.get("compile_loss_opt", {}).get("ms_per_step")
+            print(f"{name:<10}{variant:<{W}}{ms:>9.2f}{ratio_cells(ms, ok)}{ms / loss_base if loss_base else float('nan'):>9.2f}"
                   f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
                   f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
                   + detail_cells + f"{r['final_loss']:>9.4f}")
             for where, n in r.get("syncs", {}).items():
-                print(f"{'':<32}sync: {n / args.steps:g}/step at {where}")
+                print(f"{'':<{W + 10}}sync: {n / args.steps:g}/step at {where}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
-          "torch.compile(optimizer.step); " + ("graph: ms in Inductor-generated code, outside: the rest of the "
+          "torch.compile(optimizer.step); c.l+opt: torch.compile(loss function) and torch.compile(optimizer.step); " + ("graph: ms in Inductor-generated code, outside: the rest of the "
                                                "step (medians)" if args.paired else
                                                "split columns (ms, medians): see benchmarks/lazy_step.py"))
     with open(args.json, "w") as f:

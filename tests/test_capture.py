@@ -191,6 +191,61 @@ def test_a_forward_that_reads_values_runs_op_by_op(lazy_level):
     assert "ReadsValues" in s["capture_refusals"]
 
 
+class LogitsMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.3, self.training))
+
+
+def test_a_loss_function_replays_with_its_model(lazy_level):
+    """capture(fn, modules=[model]): the loss and its backward are in the
+    node (no nll_loss traced op by op); train/eval of the model is keyed."""
+    import torch._lazy.metrics as ltc_metrics
+
+    batches = fp64(mlp_batches(3))
+    x_eval = batches[0][0]
+
+    def run(device):
+        torch.manual_seed(0)
+        model = LogitsMLP().double().to(device)
+        opt = sgd(model)
+
+        def loss_of(x, y):
+            return F.cross_entropy(model(x), y)
+
+        if device == LAZY:
+            loss_of = lazy_mlir.capture(loss_of, modules=[model])
+        torch.manual_seed(7)  # the dropout masks
+        losses = []
+        for x, y in batches:
+            loss = loss_of(x.to(device), y.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+                if not losses:
+                    ltc_metrics.reset()  # the first step records on fakes
+            losses.append(loss.item())
+        model.eval()
+        evaluated = loss_of(x_eval.to(device), batches[0][1].to(device)).detach()
+        return torch.tensor(losses), evaluated.cpu()
+
+    eager, lazy = run(CPU), run(LAZY)
+    torch.testing.assert_close(lazy[0], eager[0], **FP64)
+    torch.testing.assert_close(lazy[1], eager[1], **FP64)  # eval: no dropout, a record of its own
+    s = metrics.snapshot()
+    assert s["capture_records"] == 2 and s["captured_calls"] == 4 and s["capture_refused"] == 0, metrics.report()
+    assert not ltc_metrics.counter_value("lazy::nll_loss_forward"), "the loss was traced op by op"
+    with pytest.raises(TypeError, match="modules="):
+        lazy_mlir.capture(lambda x: x)
+    with pytest.raises(TypeError, match="modules= is for a function"):
+        lazy_mlir.capture(LogitsMLP(), modules=[LogitsMLP()])
+
+
 def test_hugging_face_model_replays_and_matches_eager(lazy_level):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
     import training
