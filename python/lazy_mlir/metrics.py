@@ -112,8 +112,9 @@ def count_optimizer_group(unfused_reason: str | None) -> None:
 
 def count_capture(outcome: str, module: str | None = None, why: str | None = None) -> None:
     """A captured module's forward call: "replayed" (its record traced as
-    region nodes), "recorded" (traced on fake tensors first), or "refused"
-    (run op by op, ``why``)."""
+    region nodes; also "direct" when without AOTAutograd's wrappers),
+    "recorded" (traced on fake tensors first), or "refused" (run op by op,
+    ``why``)."""
     with _lock:
         _captures[outcome] += 1
         if why is not None:
@@ -255,6 +256,7 @@ def snapshot() -> dict:
         "optimizer_groups_unfused": optimizer_groups,
         # lazy_mlir.capture: forward calls replayed as region nodes, recorded, run op by op (and why)
         "captured_calls": captures.get("replayed", 0),
+        "captured_direct_calls": captures.get("direct", 0),  # of those, without AOTAutograd's wrappers
         "capture_records": captures.get("recorded", 0),
         "capture_refused": captures.get("refused", 0),
         "capture_refusals": capture_refusals,
@@ -333,7 +335,8 @@ def report() -> str:
         lines.append(f"  optimizer groups     {s['optimizer_groups_fused']} fused steps, {unfused} not fused"
                      + (f" ({why})" if why else ""))
     if s["captured_calls"] or s["capture_records"] or s["capture_refused"]:
-        lines.append(f"  captured forwards    {s['captured_calls']} calls replayed, {s['capture_records']} recorded, "
+        lines.append(f"  captured forwards    {s['captured_calls']} calls replayed ({s['captured_direct_calls']} direct), "
+                     f"{s['capture_records']} recorded, "
                      f"{s['capture_refused']} run op by op")
         for module, why in s["capture_refusals"].items():
             lines.append(f"    {module}: {why}")
