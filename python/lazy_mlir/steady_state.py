@@ -14,7 +14,10 @@ TorchScript (nothing to compile) and left out of the metrics' step figures
 (``setup_graphs``); and an optimizer's first step creates zero-filled state
 as device data. ``Config.auto_prepare`` (on by default) does both through
 global module and optimizer hooks; ``prepare(model, optimizer)`` does it
-explicitly. The global forward pre-hook puts every module call in the
+explicitly. A settled parameter that is the only alias of its storage
+then becomes a functional base of its own (``_C.own_buffers``): its
+updates no longer go through the moved tensor and a regenerated view. The
+global forward pre-hook puts every module call in the
 process on ``nn.Module``'s slow path (~3 us a call: 2-3% of a small HF
 model's step), so it is installed only while a trainable parameter created
 on the lazy device (by ``.to("lazy")`` or built there) is not yet settled.
