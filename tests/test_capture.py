@@ -206,37 +206,32 @@ def test_a_loss_function_replays_with_its_model(lazy_level):
     import torch._lazy.metrics as ltc_metrics
 
     batches = fp64(mlp_batches(3))
-    x_eval = batches[0][0]
+    losses_of = {}  # model -> its loss function (captured on the lazy device)
 
-    def run(device):
+    def loss_fn(model, x, y):
+        if model not in losses_of:
+            def loss_of(x, y):
+                return F.cross_entropy(model(x), y)
+            losses_of[model] = lazy_mlir.capture(loss_of, modules=[model]) if x.device.type == "lazy" else loss_of
+        return losses_of[model](x, y)
+
+    def make():
         torch.manual_seed(0)
-        model = LogitsMLP().double().to(device)
-        opt = sgd(model)
-
-        def loss_of(x, y):
-            return F.cross_entropy(model(x), y)
-
-        if device == LAZY:
-            loss_of = lazy_mlir.capture(loss_of, modules=[model])
+        model = LogitsMLP().double()
         torch.manual_seed(7)  # the dropout masks
-        losses = []
-        for x, y in batches:
-            loss = loss_of(x.to(device), y.to(device))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if device == LAZY:
-                torch._lazy.mark_step()
-                if not losses:
-                    ltc_metrics.reset()  # the first step records on fakes
-            losses.append(loss.item())
-        model.eval()
-        evaluated = loss_of(x_eval.to(device), batches[0][1].to(device)).detach()
-        return torch.tensor(losses), evaluated.cpu()
+        return model
 
-    eager, lazy = run(CPU), run(LAZY)
-    torch.testing.assert_close(lazy[0], eager[0], **FP64)
-    torch.testing.assert_close(lazy[1], eager[1], **FP64)  # eval: no dropout, a record of its own
+    def evaluated(device):
+        model = next(m for m in losses_of if next(m.parameters()).device.type == device.type)
+        model.eval()
+        x, y = batches[0]
+        return loss_fn(model, x.to(device), y.to(device)).detach().cpu()
+
+    eager = train(make, sgd, batches, CPU, loss_fn=loss_fn)
+    lazy = train(make, sgd, batches, LAZY, loss_fn=loss_fn,
+                 after_step=lambda i: ltc_metrics.reset() if i == 0 else None)  # step 0 records on fakes
+    assert_same_training(eager, lazy, **FP64)
+    torch.testing.assert_close(evaluated(LAZY), evaluated(CPU), **FP64)  # eval: no dropout, a record of its own
     s = metrics.snapshot()
     assert s["capture_records"] == 2 and s["captured_calls"] == 4 and s["capture_refused"] == 0, metrics.report()
     assert s["captured_direct_calls"] == 4, metrics.report()  # a loss: nothing for AOTAutograd's wrappers to do
