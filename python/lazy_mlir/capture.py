@@ -260,14 +260,18 @@ class _Direct(torch.autograd.Function):
             _C.functional_replace([inputs[i] for i, _ in forward.written],
                                   _C.functional_values([outs[k] for _, k in forward.written]))
         values = [outs[p] for p in forward.positions]
-        ctx.pair, ctx.saved = pair, values[n_user:]
+        # saved as autograd saves them: freed by the backward (unless
+        # retain_graph), so that the step's graph does not also return
+        # every activation because the loss still holds them at mark_step
+        ctx.pair = pair
+        ctx.save_for_backward(*values[n_user:])
         return tuple(values[:n_user])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         backward = ctx.pair.backward
-        outs = _C.trace_region(backward.region, [*ctx.saved, *grads, *backward.constants])
+        outs = _C.trace_region(backward.region, [*ctx.saved_tensors, *grads, *backward.constants])
         return (None, *(None if p is None else outs[p] for p in backward.positions))
 
 
