@@ -235,6 +235,7 @@ def test_a_loss_function_replays_with_its_model(lazy_level):
     s = metrics.snapshot()
     assert s["capture_records"] == 2 and s["captured_calls"] == 4 and s["capture_refused"] == 0, metrics.report()
     assert s["captured_direct_calls"] == 4, metrics.report()  # a loss: nothing for AOTAutograd's wrappers to do
+    assert_compiled(s, calls=2)  # the steps after the reset ran generated code
     assert not ltc_metrics.counter_value("lazy::nll_loss_forward"), "the loss was traced op by op"
     with pytest.raises(TypeError, match="modules="):
         lazy_mlir.capture(lambda x: x)
@@ -278,6 +279,7 @@ def test_an_output_aliasing_an_input_keeps_aotautograd(lazy_level):
     torch.testing.assert_close(run(LAZY), run(CPU), **FP64)
     s = metrics.snapshot()
     assert s["captured_calls"] == 2 and s["captured_direct_calls"] == 0, metrics.report()
+    assert_compiled(s, calls=2)
 
 
 def test_hugging_face_model_replays_and_matches_eager(lazy_level):

@@ -236,11 +236,17 @@ class _Replay:
         if getattr(_recording, "active", False):  # the graph itself, on fakes: factory ops fake too
             with torch._guards.detect_fake_mode(args):
                 return self.gm(*args)
+        results = self.run(args)
+        args.clear()  # boxed convention: the inputs are not held past the call
+        return results
+
+    def run(self, args) -> tuple:
+        """The region traced on lazy ``args``: the graph's outputs, the inputs
+        it writes updated."""
         outs = _C.trace_region(self.region, [*args, *self.constants])
         if self.written:
             _C.functional_replace([args[i] for i, _ in self.written],
                                   _C.functional_values([outs[k] for _, k in self.written]))
-        args.clear()  # boxed convention: the inputs are not held past the call
         return tuple(None if p is None else outs[p] for p in self.positions)
 
 
@@ -250,48 +256,31 @@ class _Direct(torch.autograd.Function):
     our own, without AOTAutograd's runtime wrappers (a third of a captured
     call's time on a small model): for records whose outputs are all fresh
     floating-point tensors that get a gradient (a loss, logits), see
-    :func:`_direct_pair`."""
+    :func:`_replays_directly`."""
 
     @staticmethod
-    def forward(ctx, pair, *inputs):
-        forward, n_user = pair.forward, pair.n_user
-        outs = _C.trace_region(forward.region, [*inputs, *forward.constants])
-        if forward.written:
-            _C.functional_replace([inputs[i] for i, _ in forward.written],
-                                  _C.functional_values([outs[k] for _, k in forward.written]))
-        values = [outs[p] for p in forward.positions]
+    def forward(ctx, record, *inputs):
+        values = record.replays["forward"].run(inputs)
         # saved as autograd saves them: freed by the backward (unless
         # retain_graph), so that the step's graph does not also return
         # every activation because the loss still holds them at mark_step
-        ctx.pair = pair
-        ctx.save_for_backward(*values[n_user:])
-        return tuple(values[:n_user])
+        ctx.record = record
+        ctx.save_for_backward(*values[record.n_user:])
+        return values[:record.n_user]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        backward = ctx.pair.backward
-        outs = _C.trace_region(backward.region, [*ctx.saved_tensors, *grads, *backward.constants])
-        return (None, *(None if p is None else outs[p] for p in backward.positions))
+        return (None, *ctx.record.replays["backward"].run([*ctx.saved_tensors, *grads]))
 
 
-class _DirectPair:
-    def __init__(self, forward: "_Replay", backward: "_Replay", n_user: int, out_spec):
-        self.forward, self.backward, self.n_user, self.out_spec = forward, backward, n_user, out_spec
-
-    def __call__(self, tensors):
-        metrics.count_capture("direct")
-        return tree_unflatten(list(_Direct.apply(self, *tensors)), self.out_spec)
-
-
-def _direct_pair(forward: "_Replay", backward: "_Replay", outputs: list, out_spec) -> _DirectPair | None:
-    """The pair replayed directly when AOTAutograd's wrappers would do
-    nothing but pass values through: the forward graph returns the user's
-    outputs (``outputs``: their fakes) then exactly what the backward graph
-    takes before its tangents; every output is a floating-point tensor with
-    a tangent, none a view of an input (AOTAutograd regenerates those), and
-    the backward returns one gradient per forward input. Else None (the
-    record keeps AOTAutograd's runtime)."""
+def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) -> bool:
+    """Whether AOTAutograd's wrappers would do nothing but pass values
+    through: the forward graph returns the user's outputs (``outputs``:
+    their fakes) then exactly what the backward graph takes before its
+    tangents; every output is a floating-point tensor with a tangent, none a
+    view of an input (AOTAutograd regenerates those), and the backward
+    returns one gradient per forward input."""
     n_user = len(outputs)
     fw_inputs = [n for n in forward.gm.graph.nodes if n.op == "placeholder"]
     (fw_results,) = [n.args[0] for n in forward.gm.graph.nodes if n.op == "output"]
@@ -301,16 +290,16 @@ def _direct_pair(forward: "_Replay", backward: "_Replay", outputs: list, out_spe
     n_saved = len(bw_inputs) - len(tangents)
     if (len(tangents) != n_user or bw_inputs[n_saved:] != tangents or len(fw_results) != n_user + n_saved
             or len(bw_results) != len(fw_inputs) or any(p is None for p in forward.positions)):
-        return None
+        return False
     if not all(isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad for o in outputs):
-        return None
+        return False
     for result in fw_results[:n_user]:
         node = result
         while isinstance(node, torch.fx.Node) and node.op == "call_function" and getattr(node.target, "is_view", False):
             node = node.args[0]
         if not isinstance(node, torch.fx.Node) or node.op == "placeholder":
-            return None
-    return _DirectPair(forward, backward, n_user, out_spec)
+            return False
+    return True
 
 
 def _record_backward(outputs) -> None:
@@ -329,24 +318,26 @@ def _record_backward(outputs) -> None:
 
 class _Record:
     """One key's AOTAutograd function (``aot``), called until its backward
-    has been recorded too; then replayed directly where _direct_pair allows."""
+    has been recorded too; from then on replayed directly (``_Direct``)
+    where :func:`_replays_directly` allows. (The key holds grad mode: a
+    record with a backward is always called with grad enabled.)"""
 
     def __init__(self):
         self.aot = None
         self.replays: dict[str, _Replay] = {}  # "forward"/"backward", as AOTAutograd compiles them
         self.outputs, self.out_spec = None, None  # the forward's outputs on fakes, flattened
-        self.direct: _DirectPair | None = None
-        self.decided = False
+        self.direct: bool | None = None  # None: not decided (no backward recorded yet)
+
+    @property
+    def n_user(self) -> int:
+        return len(self.outputs)
 
     def __call__(self, *tensors):
-        if self.direct is not None and torch.is_grad_enabled():
-            return self.direct(tensors)
-        if not self.decided and "backward" in self.replays:
-            self.decided = True
-            self.direct = _direct_pair(self.replays["forward"], self.replays["backward"], self.outputs,
-                                       self.out_spec)
-            if self.direct is not None:
-                return self.direct(tensors)
+        if self.direct is None and "backward" in self.replays:
+            self.direct = _replays_directly(self.replays["forward"], self.replays["backward"], self.outputs)
+        if self.direct:
+            metrics.count_capture("direct")
+            return tree_unflatten(list(_Direct.apply(self, *tensors)), self.out_spec)
         return self.aot(*tensors)
 
 
