@@ -203,17 +203,4 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
   return results;
 }
 
-std::vector<at::Tensor> deviceDataRows(const at::Tensor& rows, const c10::Device& device) {
-  TORCH_CHECK(rows.device().is_cpu() && rows.dim() >= 1, "lazy_mlir: device_data_rows takes CPU rows");
-  const torch::lazy::BackendDevice backend_device = torch::lazy::atenDeviceToBackendDevice(device);
-  std::vector<at::Tensor> tensors;
-  tensors.reserve(rows.size(0));
-  for (int64_t i = 0; i < rows.size(0); ++i) {
-    // (its data moves to the device when the tensor is first traced)
-    tensors.push_back(torch::lazy::CreateAtenFromLtcTensor(
-        torch::lazy::LazyTensor::Create(rows[i].clone(), backend_device)));
-  }
-  return tensors;
-}
-
 }  // namespace lazy_mlir

@@ -77,10 +77,4 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
                                      const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
                                      const std::vector<int64_t>& list_sizes);
 
-// One lazy device-data tensor per row of the CPU tensor `rows`, each with a
-// buffer of its own (a separate input of the graph), not functionalized:
-// operands for traceBuiltin only (lazy_mlir.fused_optimizer's per-parameter
-// scalars, ~10 us a row less than a `.to(device)` each from Python).
-std::vector<at::Tensor> deviceDataRows(const at::Tensor& rows, const c10::Device& device);
-
 }  // namespace lazy_mlir

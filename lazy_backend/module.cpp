@@ -9,6 +9,7 @@
 
 #include "../runtime/compiled_group.h"
 #include "../runtime/run_stats.h"
+#include "adam_scalars.h"
 #include "builtin_op_node.h"
 #include "draw_order.h"
 #include "ir_reuse.h"
@@ -69,9 +70,13 @@ PYBIND11_MODULE(_C, m) {
         "Trace an aten op without a lazy kernel as a TorchScript builtin node; returns lazy tensors.",
         py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("outputs"),
         py::arg("list_sizes") = std::vector<int64_t>());
-  m.def("device_data_rows", &lazy_mlir::deviceDataRows,
-        "One lazy device-data tensor per row of a CPU tensor, not functionalized (builtin operands).",
-        py::arg("rows"), py::arg("device"));
+  m.def("advance_adam_steps", &lazy_mlir::advanceAdamSteps,
+        "Adam's step_t += 1 on CPU step counts, and its per-step scalars per distinct count as lazy "
+        "tensors, with each count's index (adam_scalars.h).",
+        py::arg("state_steps"), py::arg("lr"), py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("device"));
+  m.def("adam_step_scalars", &lazy_mlir::adamStepScalars, py::arg("step"), py::arg("lr"), py::arg("weight_decay"),
+        py::arg("beta1"), py::arg("beta2"));
   py::class_<lazy_mlir::Region, std::shared_ptr<lazy_mlir::Region>>(m, "Region")
       .def_property_readonly("name", [](const lazy_mlir::Region& r) { return r.name; })
       .def_property_readonly("num_ops", [](const lazy_mlir::Region& r) { return r.ops.size(); });

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import lazy_mlir
-from lazy_mlir import config, metrics
+from lazy_mlir import _C, config, metrics
 from helpers import LAZY, assert_compiled
 
 # Shapes no other test uses (LTC and the group cache key graphs by shape).
@@ -151,6 +151,47 @@ def test_matches_eager_fp32_compiled(lazy_level):
     s = metrics.snapshot()
     assert s["optimizer_groups_fused"] == 4 and s["fallback_count"] == 0
     assert_compiled(s, calls=4)
+
+
+@pytest.mark.parametrize("lazy_level", ["O1"], indirect=True)
+def test_step_counts_that_differ_get_one_scalars_input_each(lazy_level):
+    """A parameter without a gradient at the first step gets its state a step
+    later, so the group's step counts differ: each distinct count's scalars
+    are one input, shared by its parameters (scalar_rows says whose), and
+    the compiled step matches eager in fp64."""
+    _fused(lazy_level)
+    eager = _model(torch.float64)
+    lazy = copy.deepcopy(eager).to(LAZY)
+    eager_opt, lazy_opt = CASES["adamw"](eager), CASES["adamw"](lazy)
+    traces = []
+    for step, x in enumerate(_batches(torch.float64, 4)):
+        for model, opt, batch in ((eager, eager_opt, x), (lazy, lazy_opt, x.to(LAZY))):
+            _loss(model, batch).backward()
+            if step == 0:
+                model[2].bias.grad = None  # Adam skips it: no state, no step count yet
+            opt.step()
+            opt.zero_grad()
+        traces.append(_pending_text(lazy, lazy_opt))
+        torch._lazy.mark_step()
+    _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
+    _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
+    scalars_inputs = [text.count("Double[3]] lazy_tensors::device_data") for text in traces]
+    assert scalars_inputs == [1, 2, 2, 2], scalars_inputs
+    assert "scalar_rows=[0, 0, 0]," in traces[0] and "scalar_rows=[0, 0, 0, 1]," in traces[-1]
+    s = metrics.snapshot()
+    assert s["optimizer_groups_fused"] == 4 and s["fallback_count"] == 0, metrics.report()
+    assert_compiled(s, calls=4)
+
+
+def test_step_scalars_are_adams_python_doubles():
+    """The C++ scalars are bit for bit what torch's single-tensor Adam computes
+    in Python (``**``, not sqrt, for the square root)."""
+    lr, weight_decay, beta1, beta2 = 3e-4, 0.1, 0.9, 0.95
+    for step in [1.0, 2.0, 7.0, 1000.0, 123457.0]:
+        bias_correction1 = 1 - beta1 ** step
+        bias_correction2 = 1 - beta2 ** step
+        python = [1 - lr * weight_decay, bias_correction2 ** 0.5, -(lr / bias_correction1)]
+        assert _C.adam_step_scalars(step, lr, weight_decay, beta1, beta2) == python, step
 
 
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)

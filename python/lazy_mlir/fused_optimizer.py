@@ -20,9 +20,11 @@ the new lists, written back into the parameters and state in place
 (``lazy_backend/functional_update.h``). The op is the single-tensor
 algorithm (``lowering/fused_optimizer.py``): run eagerly at O0, expanded
 into per-tensor aten ops by the TS -> FX conversion when compiled, which
-Inductor fuses into one kernel per parameter. Adam's per-step scalars are
-computed here, in Python doubles as Adam does, and enter as one 3-element
-input per parameter. (Not aten's ``_fused_adamw``: it computes
+Inductor fuses into one kernel per parameter. Adam's step counts are
+advanced and its per-step scalars computed in one C++ call
+(``lazy_backend/adam_scalars.h``), in doubles as Adam does in Python; they
+enter as one 3-element input per distinct step count (one for a group
+whose parameters all stepped together). (Not aten's ``_fused_adamw``: it computes
 them from the step count inside the op, and Inductor then recomputed the
 ``pow`` in every parameter's loop.) SGD's lr is one 0-d input, kept on the
 device while it does not change.
@@ -51,8 +53,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import _C, config, metrics
-from .lowering.fused_optimizer import (ADAM_STEP, ADAM_STEP_SCHEMA, SGD_STEP, SGD_STEP_SCHEMA, adam_update,
-                                       sgd_update, step_scalars)
+from .lowering.fused_optimizer import ADAM_STEP, ADAM_STEP_SCHEMA, SGD_STEP, SGD_STEP_SCHEMA, adam_update, sgd_update
 
 _active = threading.local()  # .optimizer: the Adam or SGD stepping now, if it is fused
 _excluded: weakref.WeakSet = weakref.WeakSet()
@@ -220,30 +221,21 @@ def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scal
 
 def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
                      weight_decay, eps, maximize, decoupled) -> None:
-    device = params[0].device
-    torch._foreach_add_(state_steps, 1)  # CPU tensors: Adam's ``step_t += 1``
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
     beta1, beta2, weight_decay, eps = float(beta1), float(beta2), float(weight_decay), float(eps)
-    # Adam's per-step scalars, computed as it does (Python doubles), one
-    # 3-element input per parameter: an input, so a new step or learning
-    # rate needs no new graph; one each, not one per step count, so that
-    # Inductor does not fuse the parameters' updates together (see
-    # lowering/fused_optimizer.py), made in one call (52 for GPT-mini).
-    per_count = {}
-    rows = []
-    for count in torch.stack(state_steps).tolist():
-        if count not in per_count:
-            per_count[count] = step_scalars(count, lr, weight_decay, beta1, beta2)
-        rows.append(per_count[count])
-    scalars = _C.device_data_rows(torch.tensor(rows, dtype=torch.float64), device)
+    # Adam's ``step_t += 1`` and its per-step scalars, one input per distinct
+    # step count: an input, so a new step or learning rate needs no new graph
+    scalars, scalar_rows = _C.advance_adam_steps(state_steps, float(lr), weight_decay, beta1, beta2,
+                                                 params[0].device)
 
     lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
-    values = _C.functional_values([t for ts in lists for t in ts] + scalars)
+    values = _C.functional_values([t for ts in lists for t in ts])
     arguments, start = [], 0
-    for length in [len(ts) for ts in lists] + [len(params)]:
+    for length in [len(ts) for ts in lists]:
         arguments.append(values[start:start + length])
         start += length
-    arguments += [beta1, beta2, weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled)]
+    arguments += [scalars, scalar_rows, beta1, beta2, weight_decay, eps, bool(amsgrad), bool(maximize),
+                  bool(decoupled)]
     # grads are not written, as by torch's Adam
     _trace_update(ADAM_STEP, arguments, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs])
 

@@ -18,6 +18,13 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
+# Inductor fuses independent kernels ("horizontally") only when they read at
+# least this many bytes in common (its default: 10). Above the 24 bytes of
+# Adam's per-step scalars, which every parameter's update reads: those
+# updates stay each after its gradient (lowering/fused_optimizer.py).
+FUSION_MEMORY_THRESHOLD = 32
+
+
 def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode, name: str,
                   serializable: bool = False, cpp_wrapper: bool = False):
     """Returns (callable list[Tensor] -> list[Tensor], generated source,
@@ -32,7 +39,9 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     # budget; Inductor's peak-memory reordering would undo it (it starts
     # each gather just before its wait, and pulls optimizer updates into
     # backward, serializing every collective).
-    options = {"reorder_for_peak_memory": False} if planned else {}
+    options = {"score_fusion_memory_threshold": FUSION_MEMORY_THRESHOLD}
+    if planned:
+        options["reorder_for_peak_memory"] = False
     if cpp_wrapper and not planned and all(t.device.type == "cpu" for t in fake_inputs):
         options["cpp_wrapper"] = True
         # The C++ wrapper checks its inputs' layouts against the placeholders'

@@ -11,27 +11,25 @@ trace. ``adam_update`` is also the op's eager kernel (O0, TorchScript): one
 definition of the math.
 
 Adam computes its per-step scalars in Python doubles; so does
-``lazy_mlir.fused_optimizer``, and each parameter's ``step_scalars`` entry
-is a float64 tensor ``[1 - lr * weight_decay, bias_correction2 ** 0.5,
--lr / bias_correction1]``, read here and cast to the parameter's dtype
-where Adam passes a Python scalar. (Computed in the graph from the step
-count instead, as aten's ``_fused_adamw`` does, Inductor inlined the
-``pow`` into every parameter's loop.)
+``lazy_mlir.fused_optimizer`` (in C++, ``lazy_backend/adam_scalars.h``):
+for each distinct step count of the group one float64 tensor
+``[1 - lr * weight_decay, bias_correction2 ** 0.5, -lr / bias_correction1]``,
+and ``scalar_rows[i]`` names parameter ``i``'s; read here and cast to the
+parameter's dtype where Adam passes a Python scalar. (Computed in the graph
+from the step count instead, as aten's ``_fused_adamw`` does, Inductor
+inlined the ``pow`` into every parameter's loop.)
 
-One such tensor per parameter, each its own graph input, not one shared
-by all parameters with the same step count (as this was first): Inductor
-fuses two kernels neither of which depends on the other ("horizontal") when
-they read at least ``score_fusion_memory_threshold`` (10) bytes in common,
-and with the shared tensor every pair of updates did (3 float64 reads, 24
-bytes). So it merged updates of different layers into later kernels of the
-backward, away from the matrix product that had just computed each
-gradient (then in cache), and GPT-mini's generated code ran slower than the
-op-by-op trace's (whose per-step scalars are 0-d inputs, 8 bytes, under the
-threshold). With an input each the updates share no reads, and their
-kernels are scheduled as the op-by-op trace's are. (Rows of one tensor
-would do that too, but each row's offset is then a constant in the code,
-and kernels that layers shared became one per layer: 39 instead of 26 to
-compile for GPT-mini.)
+All parameters of a step count read the same tensor. Inductor fuses two
+kernels neither of which depends on the other ("horizontal") when they read
+at least ``score_fusion_memory_threshold`` bytes in common (10 by default):
+the 24 bytes every update reads would merge updates of different layers
+into later kernels of the backward, away from the matrix product that had
+just computed each gradient (then in cache), and GPT-mini's generated code
+ran slower than the op-by-op trace's. ``codegen.inductor`` raises the
+threshold above those 24 bytes (``FUSION_MEMORY_THRESHOLD``), so that the
+updates are scheduled as the op-by-op trace's are. (One input per parameter,
+as this was before, did the same at ~5 us and one graph input per parameter
+and step.)
 """
 from __future__ import annotations
 
@@ -45,21 +43,13 @@ aten = torch.ops.aten
 ADAM_STEP = "lazy_mlir::adam_step"
 ADAM_STEP_SCHEMA = (
     "adam_step(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, "
-    "Tensor[] max_exp_avg_sqs, Tensor[] step_scalars, float beta1, float beta2, float weight_decay, float eps, "
+    "Tensor[] max_exp_avg_sqs, Tensor[] step_scalars, int[] scalar_rows, float beta1, float beta2, float weight_decay, float eps, "
     "bool amsgrad, bool maximize, bool decoupled_weight_decay) -> (Tensor[], Tensor[], Tensor[], Tensor[])")
-DECAY, BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE = range(3)  # step_scalars entries
+DECAY, BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE = range(3)  # a step_scalars tensor's entries (adam_scalars.h)
 
 
-def step_scalars(step: float, lr: float, weight_decay: float, beta1: float, beta2: float) -> list[float]:
-    """What _single_tensor_adam computes in Python for one step count."""
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
-    step_size = lr / bias_correction1
-    return [1 - lr * weight_decay, bias_correction2 ** 0.5, -step_size]
-
-
-def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, beta1, beta2,
-                weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, dtype_of: Callable,
+def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows, beta1,
+                beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, dtype_of: Callable,
                 place: Callable = lambda what: contextlib.nullcontext()):
     """The op's results (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs after
     the step). ``emit(target, *args, **kwargs)`` runs or records one aten
@@ -68,7 +58,7 @@ def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
 
     def scalar(i, which):  # Adam's Python scalar, as the parameter's (op math) dtype
         dtype = dtype_of(params[i])
-        return emit(aten._to_copy.default, emit(aten.select.int, scalars[i], 0, which),
+        return emit(aten._to_copy.default, emit(aten.select.int, scalars[scalar_rows[i]], 0, which),
                     dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
 
     new_params, new_exp_avgs, new_exp_avg_sqs, new_max = [], [], [], []
@@ -164,10 +154,10 @@ def _placer(graph: torch.fx.Graph, inputs_of: Callable):
 def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
     """The FX expansion of one ``lazy_mlir::adam_step`` call (``args``: its
     schema arguments in order, tensors as FX nodes) into ``graph``."""
-    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars = args[:6]
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows = args[:7]
 
     def inputs_of(i):
-        return [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[i]] + (
+        return [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[scalar_rows[i]]] + (
             [max_exp_avg_sqs[i]] if max_exp_avg_sqs else [])
 
     return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
