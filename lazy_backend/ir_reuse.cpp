@@ -1,6 +1,7 @@
 #include "ir_reuse.h"
 
 #include "../runtime/run_stats.h"
+#include "source_locations.h"
 
 #include <torch/csrc/lazy/core/config.h>
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
@@ -55,6 +56,7 @@ struct ReusingIrBuilder : torch::lazy::IrBuilder {
   const torch::lazy::IrBuilder* ts;
 
   torch::lazy::NodePtr MakeDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data) const override {
+    WithoutUserFrames data_names_no_line;  // (source_locations.h)
     if (!FLAGS_torch_lazy_reuse_ir) return ts->MakeDeviceData(data);
     const int64_t ordinal = g_device_data_ordinal++;
     torch::lazy::NodePtr node = torch::lazy::ReuseNode<OrdinalDeviceData>(data, ordinal);

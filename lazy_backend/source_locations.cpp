@@ -18,6 +18,7 @@ const char* const kTraceOrderFile = "<trace order>";
 
 std::atomic<bool> g_record_frames{true};
 std::atomic<int64_t> g_next_trace_order{0};
+thread_local int g_without_user_frames = 0;
 
 std::vector<std::string>& internalPrefixes() {
   static auto* prefixes = new std::vector<std::string>();
@@ -81,7 +82,7 @@ std::vector<torch::lazy::SourceLocation> innermostUserFrame() {
 
 std::vector<torch::lazy::SourceLocation> traceMetadata() {
   std::vector<torch::lazy::SourceLocation> frames;
-  if (g_record_frames.load(std::memory_order_relaxed)) frames = innermostUserFrame();
+  if (g_record_frames.load(std::memory_order_relaxed) && g_without_user_frames == 0) frames = innermostUserFrame();
   frames.push_back({kTraceOrderFile, std::to_string(g_next_trace_order.fetch_add(1)), 0});
   return frames;
 }
@@ -96,6 +97,9 @@ void installSourceLocations(std::vector<std::string> internal_prefixes, bool rec
   g_record_frames = record_frames;
   torch::lazy::GetPythonFramesFunction() = traceMetadata;
 }
+
+WithoutUserFrames::WithoutUserFrames() { ++g_without_user_frames; }
+WithoutUserFrames::~WithoutUserFrames() { --g_without_user_frames; }
 
 const torch::lazy::SourceLocation* userFrame(const torch::lazy::Node* node) {
   const auto& frames = node->metadata().frame_info;
