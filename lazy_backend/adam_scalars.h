@@ -20,7 +20,7 @@
 namespace lazy_mlir {
 
 // [1 - lr * weight_decay, bias_correction2 ** 0.5, -lr / bias_correction1]
-// for one step count (lowering/fused_optimizer.py's step_scalars).
+// for one step count (the entries lowering/fused_optimizer.py reads).
 std::vector<double> adamStepScalars(double step, double lr, double weight_decay, double beta1, double beta2);
 
 // Adds 1 to each 0-d CPU tensor of `state_steps` in place (bumping its

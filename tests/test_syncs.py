@@ -29,6 +29,20 @@ def test_value_reads_are_counted_by_user_source_line(lazy_level):
     assert positive == bool((x * 2).sum().cpu() > 0) and z >= 0
 
 
+def test_ops_carry_the_user_line_and_device_data_none(lazy_level):
+    """Every traced op names the user's line; device data (inputs, which no
+    error names) records none: the frame walk is skipped for them."""
+    x = torch.randn(4, 4).to(LAZY)
+    y = (x + 1).sin()
+    text = torch._C._lazy._get_tensors_text([y])
+    torch._lazy.mark_step()
+    lines = {kind: line for line in text.splitlines() for kind in ("device_data", "aten::add", "aten::sin")
+             if kind + "(" in line}
+    assert lines.keys() == {"device_data", "aten::add", "aten::sin"}, text
+    assert "test_syncs.py" in lines["aten::add"] and "test_syncs.py" in lines["aten::sin"], text
+    assert "test_syncs.py" not in lines["device_data"], lines["device_data"]  # its trace order only
+
+
 def test_mark_step_alone_is_no_sync(lazy_level):
     x = torch.randn(3).to(LAZY)
     y = x.sin() * 2
