@@ -1,9 +1,13 @@
 """The lazy device backed by a CUDA GPU: training equals eager PyTorch on
 the same GPU, one graph execution per step, every group compiled (Inductor's
-Triton kernels) from CUDA inputs. fp64, so that a wrong result stands out
-from the reduction-order noise of fp32 (DESIGN.md); the tolerances are not
-yet calibrated on a GPU. Skips without a GPU, or when this process's lazy
+Triton kernels) from CUDA inputs: the MLP, GPT-mini and the zoo's HF
+GPT-2 (tests/models). fp64, so that a wrong result stands out from the
+reduction-order noise of fp32 (DESIGN.md). ZeRO on NCCL is in
+tests/zero/test_zero.py; tools/gpu_check.sh runs both on a GPU machine. Skips without a GPU, or when this process's lazy
 device is the CPU (LAZY_MLIR_DEVICE=cpu: the first init fixes it)."""
+import os
+import sys
+
 import pytest
 import torch
 
@@ -62,3 +66,24 @@ def test_gpt_adamw_matches_eager_on_the_gpu(on_cuda):
     eager = train(fp64(small_gpt), make_adamw, batches, CUDA)
     assert_same_training(eager, lazy_train(on_cuda, fp64(small_gpt), make_adamw, batches), rtol=1e-9,
                          atol=1e-11, param_atol=1e-9)
+
+
+def test_zoo_gpt2_matches_eager_on_the_gpu(on_cuda):
+    """A model nobody on the team wrote: the zoo's HF GPT-2 (sdpa attention,
+    AdamW), without dropout (lazy dropout draws on the CPU generator, eager
+    CUDA's on the GPU's)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+    import training
+    import zoo
+
+    v = zoo.base_variant("gpt2")
+    assert v.dropout == 0
+    eager = training.train(v, CUDA, shapes=False)
+    lazy = training.train(v, LAZY, shapes=False)
+    torch.testing.assert_close(lazy.losses, eager.losses, rtol=1e-9, atol=1e-10)
+    for name, p in eager.params.items():
+        torch.testing.assert_close(lazy.params[name], p, rtol=1e-9, atol=1e-10, msg=name)
+    for phase, s in lazy.phases.items():
+        assert_compiled(s, calls=s["mark_steps"])
+        assert s["fallback_count"] == 0 and s["graph_executions"] == s["mark_steps"], lazy.reports[phase]
+    assert on_cuda == {"cuda"}, on_cuda

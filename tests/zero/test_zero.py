@@ -44,6 +44,20 @@ def _train(stage: int, tmp_path, world: int = WORLD, extra=(), env=None) -> list
 RESUME_AT = 2
 
 
+def _assert_trained_like(result: dict, reference) -> None:
+    """One rank's run against eager on the global batch: losses, the full
+    state, one graph per step, all of it generated code."""
+    ref_losses, ref_state, _ = reference
+    torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=0)
+    assert result["state"].keys() == ref_state.keys()
+    for name, value in ref_state.items():  # full_state_dict, on every rank
+        torch.testing.assert_close(result["state"][name].cpu(), value, rtol=1e-5, atol=1e-5, msg=name)
+    metrics = result["metrics"]
+    assert metrics["graph_executions"] == metrics["mark_steps"] == STEPS  # one graph per step
+    assert metrics["fallback_count"] == 0 and metrics["groups_fallen_back"] == {}
+    assert metrics["compiled_group_calls"] >= STEPS  # generated code ran, not TorchScript
+
+
 # stage 2 takes gloo's reduce_scatter_tensor, stage 3 the all-to-all ("auto" on gloo)
 @pytest.mark.parametrize("stage,reduce_scatter", [(1, "auto"), (2, "reduce_scatter_tensor"), (3, "auto")])
 def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference):
@@ -60,14 +74,7 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
     ref_losses, ref_state, param_bytes = reference
     results = _train(stage, tmp_path, extra=["--reduce-scatter", reduce_scatter, "--resume-at", str(RESUME_AT)])
     for rank, result in enumerate(results):
-        torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=0)
-        assert result["state"].keys() == ref_state.keys()
-        for name, value in ref_state.items():  # full_state_dict, on every rank
-            torch.testing.assert_close(result["state"][name], value, rtol=1e-5, atol=1e-5, msg=name)
-        metrics = result["metrics"]
-        assert metrics["graph_executions"] == metrics["mark_steps"] == STEPS  # one graph per step
-        assert metrics["fallback_count"] == 0 and metrics["groups_fallen_back"] == {}
-        assert metrics["compiled_group_calls"] >= STEPS  # generated code ran, not TorchScript
+        _assert_trained_like(result, reference)
         torch.testing.assert_close(result["resumed_losses"], result["losses"][RESUME_AT:], rtol=1e-6, atol=0)
         assert result["resumed_state"].keys() == result["state"].keys()
         for name, value in result["state"].items():
@@ -104,6 +111,20 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
         kind = "reduce_scatter" if stage == 2 else "all_to_all"
         assert param_bytes * 0.9 <= moved[kind] <= param_bytes * 1.2, moved
         assert set(moved) == {"all_gather", kind, "all_reduce"} - ({"all_reduce"} if stage == 3 else set()), moved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_on_nccl_matches_single_process(stage, tmp_path, reference):
+    """The lazy device on the GPU, collectives on NCCL. NCCL takes one rank
+    per GPU (two ranks on one GPU are refused): one rank here, whose
+    collectives run over a world of one; the sharding across ranks is
+    what the gloo tests above cover. The state stays sharded (a world of
+    one holds all of it) and gathers still move the parameters."""
+    results = _train(stage, tmp_path, world=1, extra=["--backend", "nccl"], env={"LAZY_MLIR_DEVICE": "cuda"})
+    _assert_trained_like(results[0], reference)
+    moved = results[0]["metrics"]["collective_bytes"]
+    assert moved.get("all_gather", 0) > 0, moved
 
 
 @pytest.mark.parametrize("budget", ["--reuse-bytes", "--prefetch-bytes"])

@@ -40,9 +40,13 @@ def main() -> None:
     parser.add_argument("--die-at-step", type=int, default=-1, help="the last rank exits at this step")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--resume-at", type=int, default=-1, help="checkpoint after this many steps, resume from it")
+    # nccl: the lazy device on this rank's GPU (the launcher sets LAZY_MLIR_DEVICE=cuda)
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=args.timeout))
+    if args.backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(args.backend, timeout=__import__("datetime").timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     lazy_mlir.init(progress=False)
     group_keys = record_group_keys()
@@ -128,8 +132,10 @@ def record_group_keys() -> dict:
 def global_mean(losses: list[torch.Tensor]) -> torch.Tensor:
     """Each step's loss averaged over the ranks: the loss of the global batch."""
     total = torch.stack([loss.cpu() for loss in losses])
+    if dist.get_backend() == dist.Backend.NCCL:  # NCCL reduces CUDA tensors only
+        total = total.cuda()
     dist.all_reduce(total)
-    return total / dist.get_world_size()
+    return total.cpu() / dist.get_world_size()
 
 
 if __name__ == "__main__":
