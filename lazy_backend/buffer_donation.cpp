@@ -93,7 +93,7 @@ DeadBuffers BufferDonation::find(c10::ArrayRef<torch::lazy::BackendDataPtr> argu
     const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
     bool has_object = false;
     ok = ok && tensor.storage().use_count() == 1 && pythonObjectOnlyPreserved(impl, &has_object);
-    seen.push_back({impl, donor_groups[a], tensor.use_count() - 1 - (has_object ? 1 : 0), ok});
+    seen.push_back({impl, donor_groups[a], static_cast<long>(tensor.use_count()) - 1 - (has_object ? 1 : 0), ok});
   }
   std::sort(seen.begin(), seen.end(), [](const Seen& x, const Seen& y) { return x.impl < y.impl; });
   DeadBuffers dead;
