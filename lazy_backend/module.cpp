@@ -15,6 +15,8 @@
 #include "ir_reuse.h"
 #include "functional_update.h"
 #include "graph_clusterer.h"
+#include "fill_kernels.h"
+#include "leaf_grads.h"
 #include "meta_kernels.h"
 #include "parameter_settling.h"
 #include "lazy_mlir_backend.h"
@@ -84,6 +86,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("name"), py::arg("num_inputs"), py::arg("ops"), py::arg("outputs"), py::arg("output_shapes"));
   m.def("trace_region", &lazy_mlir::traceRegion, "Trace a recorded region over lazy tensors as one IR node.",
         py::arg("region"), py::arg("inputs"));
+  m.def("store_leaf_grads", &lazy_mlir::storeLeafGrads, pybind11::arg("leaves"), pybind11::arg("grads"),
+        "In a backward(): each leaf's gradient stored into its .grad where AccumulateGrad would store it as is "
+        "(None returned in its place), the others returned (see leaf_grads.h).");
+  m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
+        "Lazy kernels for ones_like, zeros_like and full_like: an expanded scalar (see fill_kernels.h).");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,

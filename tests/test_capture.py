@@ -363,3 +363,48 @@ def test_hand_written_kernels_replay_in_one_group(lazy_level):
     assert s["captured_calls"] == 3 and s["capture_records"] == 1, metrics.report()
     assert_compiled(s, calls=3)
     assert set(s["groups_per_graph"].values()) == {1}, metrics.report()
+
+
+def test_parameter_gradients_skip_accumulate_grads_detach(lazy_level):
+    """A direct replay's backward stores each parameter's gradient into
+    .grad itself (_C.store_leaf_grads) where AccumulateGrad would store it
+    as is: no detach traced per parameter. Where AccumulateGrad does more it
+    gets the gradient: an existing .grad accumulates, a hook sees it, and
+    autograd.grad() returns it and leaves .grad alone. All equal eager."""
+    import torch._lazy.metrics as ltc_metrics
+
+    eager = make_mlp().double()
+    lazy = lazy_mlir.capture(make_mlp().double().to(LAZY))
+    (x, y), = fp64(mlp_batches(1))
+
+    def backward(model, device, grad=False):
+        """The gradients, and the detaches the backward traced."""
+        loss = model(x.to(device), y.to(device))
+        ltc_metrics.reset()
+        grads = torch.autograd.grad(loss, list(model.parameters())) if grad else None
+        if not grad:
+            loss.backward()
+        detaches = ltc_metrics.counter_value("lazy::detach_copy") or 0
+        return [g.cpu() for g in grads or [p.grad for p in model.parameters()]], detaches
+
+    def both(grad=False):
+        (expected, _), (got, detaches) = backward(eager, CPU, grad), backward(lazy, LAZY, grad)
+        for e, g in zip(expected, got):
+            torch.testing.assert_close(g, e, **FP64)
+        return detaches
+
+    def set_to_none():
+        for model in (eager, lazy):
+            model.zero_grad(set_to_none=True)
+
+    assert both() == 0  # stored by the replay: no AccumulateGrad detach (6 parameters)
+    both()  # .grad already there: AccumulateGrad adds in place (no detach either way)
+    set_to_none()
+    seen = []
+    lazy.fc1.weight.register_hook(lambda g: seen.append(g.cpu()))
+    assert both() == 1  # the hooked parameter's gradient goes through AccumulateGrad, hook first
+    torch.testing.assert_close(seen[0], eager.fc1.weight.grad, **FP64)
+    set_to_none()
+    both(grad=True)
+    assert all(p.grad is None for p in lazy.parameters())
+    assert metrics.snapshot()["captured_direct_calls"] == 4, metrics.report()

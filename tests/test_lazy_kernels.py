@@ -404,3 +404,24 @@ def test_builtin_output_shapes_are_computed_once_per_signature(lazy_level, monke
     assert metrics.snapshot()["fallback_count"] == 0  # traced as nodes, not run eagerly
     signatures = {lazy_kernels._signature((torch.ones(2), s)) for s in (0.0, -0.0, float("nan"), 0)}
     assert len(signatures) == 4, signatures
+
+
+def test_fill_likes_are_one_expanded_scalar(lazy_level):
+    """ones_like, zeros_like and full_like (autograd's seed of every
+    backward) build the filled value directly (fill_kernels.h), not an
+    empty tensor then fill_/zero_; other devices and dtypes as eager."""
+    import torch._lazy.metrics as ltc_metrics
+
+    x = torch.randn(3, 4)
+    lazy_x = x.to(LAZY)
+    ltc_metrics.reset()
+    cases = [(torch.ones_like, {}), (torch.zeros_like, {"dtype": torch.float64}),
+             (lambda t, **kw: torch.full_like(t, 2.5, **kw), {"dtype": torch.int32})]
+    results = [(fill(lazy_x, **kw), fill(x, **kw)) for fill, kw in cases]
+    traced = {n for n in ltc_metrics.counter_names() if n.startswith("lazy::")}
+    assert not traced, traced  # no fill_, zero or copy traced
+    for got, expected in results:
+        assert got.device.type == "lazy" and got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+    on_cpu = torch.ones_like(lazy_x, device="cpu")  # another device: aten's composite
+    assert on_cpu.device.type == "cpu" and on_cpu.sum().item() == 12

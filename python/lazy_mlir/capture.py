@@ -266,12 +266,15 @@ class _Direct(torch.autograd.Function):
         # every activation because the loss still holds them at mark_step
         ctx.record = record
         ctx.save_for_backward(*values[record.n_user:])
+        # the parameters: their gradients skip AccumulateGrad's detach where it would store them as is
+        ctx.leaves = [t if t.is_leaf and t.requires_grad else None for t in inputs]
         return values[:record.n_user]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        return (None, *ctx.record.replays["backward"].run([*ctx.saved_tensors, *grads]))
+        grads = ctx.record.replays["backward"].run([*ctx.saved_tensors, *grads])
+        return (None, *_C.store_leaf_grads(ctx.leaves, list(grads)))
 
 
 def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) -> bool:

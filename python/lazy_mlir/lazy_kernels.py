@@ -667,6 +667,7 @@ def install() -> None:
         cover_custom_ops()
         return
     _LIB = torch.library.Library("aten", "IMPL")
+    _C.register_fill_kernels()  # before the composite ops are looked for below: these are not among them
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
         _LIB.impl(name, fn, "Lazy")
