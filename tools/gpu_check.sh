@@ -5,7 +5,7 @@
 # torch-mlir comes packed as a site folder: .gpu/torch_mlir_site.tar.xz, made
 # by `tools/gpu_check.sh --pack` on a machine with pip (cp312 wheel, its
 # torch-mlir-opt binary left out: we use our own lazy-mlir-opt; ~45 MB).
-# .gpu/ is untracked (list it in .git/info/exclude): carry it to the machine.
+# .gpu/ is ignored (.gitignore): a device tool carries it to the machine by name.
 #
 # Builds the extension against that torch with cmake (not pip: no index),
 # trying the machine's compilers until a smoke test passes (see smoke()),
