@@ -18,6 +18,7 @@
 #include "fill_kernels.h"
 #include "leaf_grads.h"
 #include "meta_kernels.h"
+#include "optimizer_checks.h"
 #include "parameter_settling.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
@@ -89,6 +90,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("store_leaf_grads", &lazy_mlir::storeLeafGrads, pybind11::arg("leaves"), pybind11::arg("grads"),
         "In a backward(): each leaf's gradient stored into its .grad where AccumulateGrad would store it as is "
         "(None returned in its place), the others returned (see leaf_grads.h).");
+  m.def("group_tensors_unfusable", &lazy_mlir::groupTensorsUnfusable, pybind11::arg("params"),
+        pybind11::arg("state_steps"),
+        "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");
   m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
         "Lazy kernels for ones_like, zeros_like and full_like: an expanded scalar (see fill_kernels.h).");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,

@@ -253,3 +253,17 @@ def test_option_off(lazy_level):
     assert "adam_step" not in texts[0]
     s = metrics.snapshot()
     assert s["optimizer_groups_fused"] == 0 and s["optimizer_groups_unfused"] == {}
+
+
+def test_per_tensor_reasons_a_group_is_not_fused(lazy_level):
+    """The per-tensor checks, one C++ call per group and step
+    (optimizer_checks.h): each reason names what torch's path is kept for."""
+    lazy = [torch.zeros(3, device="lazy", dtype=dtype) for dtype in (torch.float32, torch.float64, torch.bfloat16)]
+    cpu_steps = [torch.tensor(1.0) for _ in lazy]
+    assert _C.group_tensors_unfusable(lazy, cpu_steps) is None
+    assert _C.group_tensors_unfusable(lazy, []) is None  # SGD: no step counts
+    assert _C.group_tensors_unfusable(lazy, [torch.tensor(1.0, device="lazy")]) == "step counts not on the CPU"
+    complex_param = torch.zeros(3, device="lazy", dtype=torch.complex64)
+    assert _C.group_tensors_unfusable([*lazy, complex_param], []) == "complex parameters"
+    for odd in (torch.zeros(3), torch.zeros(3, device="lazy", dtype=torch.int64)):  # another device, not a float
+        assert _C.group_tensors_unfusable([*lazy, odd], []) == "parameters not all floating-point on one lazy device"

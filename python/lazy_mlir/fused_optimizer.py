@@ -61,7 +61,6 @@ _original_adam = None
 _original_sgd = None
 _FUSED_CLASSES = (torch.optim.Adam, torch.optim.SGD)  # AdamW is an Adam
 _hooks: list = []
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def exclude(optimizer: torch.optim.Optimizer) -> None:
@@ -147,21 +146,18 @@ def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=
                   momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov, maximize=maximize)
 
 
-def _unfusable_group(params, fused, grad_scale, found_inf, lr) -> str | None:
+def _unfusable_group(params, fused, grad_scale, found_inf, lr, state_steps=()) -> str | None:
     """Why a parameter group of any fused optimizer keeps torch's own path
-    (None: nothing here stops it)."""
+    (None: nothing here stops it). The per-tensor checks (complex or
+    non-float parameters, not all on one lazy device, Adam's step counts
+    not on the CPU) are one C++ call: lazy_backend/optimizer_checks.h."""
     if fused:
         return "fused=True"
     if grad_scale is not None or found_inf is not None:
         return "grad_scale/found_inf (AMP)"
     if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
         return "lr tensor that is not a plain CPU value"
-    if any(p.is_complex() for p in params):
-        return "complex parameters"
-    device = params[0].device
-    if device.type != "lazy" or any(p.device != device or p.dtype not in _FLOATS for p in params):
-        return "parameters not all floating-point on one lazy device"
-    return None
+    return _C.group_tensors_unfusable(params, list(state_steps))
 
 
 def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum, lr,
@@ -214,9 +210,7 @@ def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scal
         return "differentiable=True"
     if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
         return "tensor betas"
-    if any(s.device.type != "cpu" for s in state_steps):
-        return "step counts not on the CPU"
-    return _unfusable_group(params, fused, grad_scale, found_inf, lr)
+    return _unfusable_group(params, fused, grad_scale, found_inf, lr, state_steps)
 
 
 def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
