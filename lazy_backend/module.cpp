@@ -19,6 +19,7 @@
 #include "leaf_grads.h"
 #include "meta_kernels.h"
 #include "optimizer_checks.h"
+#include "state_signature.h"
 #include "parameter_settling.h"
 #include "lazy_mlir_backend.h"
 #include "python_hooks.h"
@@ -90,6 +91,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("store_leaf_grads", &lazy_mlir::storeLeafGrads, pybind11::arg("leaves"), pybind11::arg("grads"),
         "In a backward(): each leaf's gradient stored into its .grad where AccumulateGrad would store it as is "
         "(None returned in its place), the others returned (see leaf_grads.h).");
+  m.def("state_signature", &lazy_mlir::stateSignature, pybind11::arg("tensors"),
+        "A captured module's state tensors' dtypes, sizes and requires_grad as bytes, None if one is not lazy "
+        "(see state_signature.h).");
   m.def("group_tensors_unfusable", &lazy_mlir::groupTensorsUnfusable, pybind11::arg("params"),
         pybind11::arg("state_steps"),
         "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");

@@ -142,6 +142,10 @@ def test_a_changed_key_records_again(lazy_level):
     model.fc3.load_state_dict(reference.fc3.state_dict())
     check(x, y)
     assert metrics.snapshot()["capture_records"] == 5
+    model.fc1.weight.requires_grad_(False)  # changed in place: the state's signature, not its identity
+    check(x, y)
+    check(x, y)
+    assert metrics.snapshot()["capture_records"] == 6
 
 
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)

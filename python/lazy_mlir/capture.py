@@ -421,12 +421,6 @@ class _NamedState:
         self.entry_dicts, self.entry_keys, self.entry_values = (list(x) for x in zip(*entries)) if entries else ([], [], [])
 
 
-def _state_signature(t: torch.Tensor):
-    """What a record assumes of a state tensor besides its identity (``.data``
-    assignment and ``requires_grad_`` change these in place)."""
-    return t.dtype, t.shape, t.requires_grad, t.device.type
-
-
 class CapturedForward:
     """Installed as ``module.forward`` by :func:`capture`: replays the
     record of the call's key, recording it first if there is none."""
@@ -443,9 +437,10 @@ class CapturedForward:
         leaves, spec = tree_flatten((args, kwargs))
         named = self.state.get()
         state = self.state.tensors
-        state_signature = tuple(map(_state_signature, state))
-        if (getattr(_recording, "active", False) or torch.compiler.is_compiling()
-                or any(s[3] != "lazy" for s in state_signature)
+        # what a record assumes of the state besides identity (dtype, sizes,
+        # requires_grad), as bytes: None when a tensor is not on the lazy device
+        state_signature = _C.state_signature(state)
+        if (getattr(_recording, "active", False) or torch.compiler.is_compiling() or state_signature is None
                 or any(isinstance(x, torch.Tensor) and x.device.type != "lazy" for x in leaves)):
             return self.original(*args, **kwargs)
         mode = module.mode() if isinstance(module, CapturedFunction) else module.training
