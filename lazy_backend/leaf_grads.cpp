@@ -1,6 +1,5 @@
 #include "leaf_grads.h"
 
-#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -29,7 +28,6 @@ bool storedAsIs(const at::Tensor& leaf, const at::Tensor& grad) {
 std::vector<std::optional<at::Tensor>> storeLeafGrads(const std::vector<std::optional<at::Tensor>>& leaves,
                                                       std::vector<std::optional<at::Tensor>> grads) {
   TORCH_CHECK(leaves.size() == grads.size(), "lazy_mlir: ", leaves.size(), " leaves, ", grads.size(), " gradients");
-  if (at::GradMode::is_enabled()) return grads;  // create_graph: the engine keeps the gradients' graph
   // Empty for a plain backward(); autograd.grad() and backward(inputs=...)
   // choose what runs (and grad() must not touch .grad).
   const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();

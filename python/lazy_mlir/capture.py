@@ -271,10 +271,18 @@ class _Direct(torch.autograd.Function):
         return values[:record.n_user]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        grads = ctx.record.replays["backward"].run([*ctx.saved_tensors, *grads])
-        return (None, *_C.store_leaf_grads(ctx.leaves, list(grads)))
+        # backward(create_graph=True) runs with grad mode on, which once_differentiable turns off inside
+        ctx.create_graph = torch.is_grad_enabled()
+        return _direct_backward(ctx, *grads)
+
+
+@torch.autograd.function.once_differentiable
+def _direct_backward(ctx, *grads):
+    grads = ctx.record.replays["backward"].run([*ctx.saved_tensors, *grads])
+    if ctx.create_graph:  # AccumulateGrad then stores a clone
+        return (None, *grads)
+    return (None, *_C.store_leaf_grads(ctx.leaves, list(grads)))
 
 
 def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) -> bool:
