@@ -8,7 +8,7 @@
 # .gpu/ is ignored (.gitignore): a device tool carries it to the machine by name.
 #
 # Builds the extension against that torch with cmake (not pip: no index),
-# trying the machine's compilers until a smoke test passes (see smoke()),
+# trying the machine's compilers until tests/test_extension_build.py passes,
 # then runs, each with its own time limit, logging under $OUT (default
 # /tmp/gpu_check):
 #   tests    tests/test_cuda.py (MLP, GPT-mini, HF GPT-2 at O1 and O2, fp64 vs
@@ -50,57 +50,23 @@ site=/tmp/gpu_check_site
 mkdir -p $site && tar -C $site -xJf "$PACK" || { echo "no $PACK: run tools/gpu_check.sh --pack first"; exit 1; }
 export PYTHONPATH="$PWD/python:$PWD:$site"
 
-# cmake's Torch package wants the CUDA toolkit (headers, cudart) for a CUDA
-# torch; where it finds none, the sources are compiled by hand with the
-# flags cmake gives them (none of them includes a CUDA header).
-build_by_hand() {  # $1: the compiler
-  local torch_dir py_include ext objects=build/gpu-by-hand
-  torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-  py_include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-  ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  rm -rf $objects && mkdir -p $objects
-  export CXX_BY_HAND="$1" FLAGS="-DTORCH_EXTENSION_NAME=_C -DUSE_C10D_GLOO -DUSE_C10D_NCCL -DUSE_DISTRIBUTED
-    -isystem $torch_dir/include -isystem $torch_dir/include/torch/csrc/api/include -isystem $py_include -O3
-    -DNDEBUG -fPIC -Wno-deprecated-declarations -std=gnu++17"
-  ls lazy_backend/*.cpp runtime/*.cpp \
-    | xargs -P"$(nproc)" -I{} sh -c '$CXX_BY_HAND $FLAGS -c {} -o '$objects'/$(basename {}).o' \
-    && "$1" -shared -o python/lazy_mlir/_C"$ext" $objects/*.o -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" \
-      -ltorch -ltorch_cpu -lc10 -ltorch_python
-}
-build_with() {  # $1: the compiler
+build_with() {  # $1: the compiler (cmake's Torch package also wants the CUDA toolkit, nvcc, for a CUDA torch)
   rm -rf build/gpu python/lazy_mlir/_C*.so
-  if cmake -S . -B build/gpu -G Ninja -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CXX_COMPILER="$1" >> "$OUT/build.log" 2>&1; then
-    cmake --build build/gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 && cp build/gpu/_C*.so python/lazy_mlir/
-  else
-    echo "cmake found no usable Torch package: compiling by hand"
-    build_by_hand "$1" >> "$OUT/build.log" 2>&1
-  fi
+  cmake -S . -B build/gpu -G Ninja -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CXX_COMPILER="$1" >> "$OUT/build.log" 2>&1 \
+    && cmake --build build/gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 && cp build/gpu/_C*.so python/lazy_mlir/
 }
-# The extension must use the process's one libstdc++. A compiler that links
-# it statically (seen: the lent machines' /opt/gcc/bin/g++) gives _C its own
-# copy of the iostream and locale code, and the first std::ostream that torch
-# writes for _C crashes (a segfault in hashConstant, tracing any builtin
-# node). So each compiler on the machine is tried until this smoke test
-# passes: a fused SGD step traced on the lazy device hashes its constants
-# through an ostream.
-smoke() {
-  python3 -c "
-import torch, lazy_mlir
-lazy_mlir.init(device='cpu')
-p = torch.nn.Parameter(torch.ones(3, device='lazy'))
-p.grad = torch.ones(3, device='lazy')
-torch.optim.SGD([p], lr=0.1, momentum=0.9).step()
-print('smoke test passed: a fused SGD step traced')"
-}
+# The extension must use the process's one libstdc++: a compiler that links
+# it statically (seen: the lent machines' /opt/gcc/bin/g++) makes one that
+# segfaults in torch's iostreams. Each compiler on the machine is tried until
+# tests/test_extension_build.py passes.
 step "build the extension against $(python3 -c 'import torch; print(torch.__version__)')"
 built=
 for cxx in $(for c in /usr/bin/g++ "$(command -v g++)" /opt/gcc/bin/g++; do [ -x "$c" ] && echo "$c"; done \
              | awk '!seen[$0]++'); do
   echo "-- $cxx: $("$cxx" --version | head -1)"
   build_with "$cxx" || { tail -30 "$OUT/build.log"; continue; }
-  echo "   std::locale symbols defined in _C: $(nm -D --defined-only python/lazy_mlir/_C*.so | grep -c _ZNSt6locale)"
-  if smoke; then built=$cxx; break; fi
+  if python3 -m pytest -q -p no:cacheprovider tests/test_extension_build.py; then built=$cxx; break; fi
 done
 [ -n "$built" ] || { echo "no compiler made a working extension"; exit 1; }
 [ "${1:-}" = "--build-only" ] && exit 0
