@@ -2,8 +2,8 @@
 // and buffers besides their identity (dtype, sizes, requires_grad, device
 // type: `.data` assignment and `requires_grad_` change them in place), as
 // one bytes value for the record's key (python/lazy_mlir/capture.py). In
-// Python a tuple per tensor was built and compared at every call: ~2 us a
-// tensor, 0.3 ms for a CNN with its BatchNorm buffers.
+// Python a tuple per tensor was built, hashed and compared at every call:
+// 130 us for 76 tensors (a CNN with its BatchNorm buffers), 15 with this.
 #pragma once
 
 #include <ATen/core/Tensor.h>
