@@ -2,6 +2,7 @@
 
 #include "ir_reuse.h"
 
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/lazy/core/ir_builder.h>
@@ -111,6 +112,18 @@ torch::lazy::hash_t hashConstant(const c10::IValue& constant) {
   return hash;
 }
 
+namespace {
+
+// A functionalized tensor's current value (its pending updates applied), so
+// that callers can pass the tensors they update as they are; else `tensor`.
+at::Tensor unwrapped(const at::Tensor& tensor) {
+  if (!at::functionalization::impl::isFunctionalTensor(tensor)) return tensor;
+  at::functionalization::impl::sync(tensor);
+  return at::functionalization::impl::from_functional_tensor(tensor);
+}
+
+}  // namespace
+
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload) {
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
   TORCH_CHECK(handle.has_value(), "lazy_mlir: no operator ", name, ".", overload);
@@ -129,7 +142,7 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
   std::optional<torch::lazy::BackendDevice> device;
   auto findDevice = [&](pybind11::handle arg) {
     if (!device && THPVariable_Check(arg.ptr())) {
-      if (auto lt = torch::lazy::TryGetLtcTensor(THPVariable_Unpack(arg.ptr()))) device = lt->GetDevice();
+      if (auto lt = torch::lazy::TryGetLtcTensor(unwrapped(THPVariable_Unpack(arg.ptr())))) device = lt->GetDevice();
     }
   };
   for (const auto& arg : args) {
@@ -151,7 +164,7 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
     pybind11::handle value = args[i];
     auto addOperand = [&](pybind11::handle tensor) {
       // Wrapped numbers and CPU scalars become device data, like LTC's own kernels do.
-      auto lt = torch::lazy::GetLtcTensorOrCreateForWrappedNumber(THPVariable_Unpack(tensor.ptr()), *device);
+      auto lt = torch::lazy::GetLtcTensorOrCreateForWrappedNumber(unwrapped(THPVariable_Unpack(tensor.ptr())), *device);
       operand_values.push_back(lt->GetIrValue());
       return operand_values.size() - 1;
     };

@@ -68,7 +68,8 @@ torch::lazy::hash_t hashConstant(const c10::IValue& constant);
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload);
 
 // Traces `qualified_name` ("aten::sin", overload "default" or e.g. "Tensor")
-// on lazy tensors. `args` are the schema's arguments in order (defaults
+// on lazy tensors (a functionalized one is read through its current
+// value). `args` are the schema's arguments in order (defaults
 // filled in); `outputs` are (dtype, sizes) pairs of the results, Tensor[]
 // returns flattened (`list_sizes` as for BuiltinOpNode: an op returning
 // tensor lists, e.g. _fused_adamw, is one node whose lowering unpacks them).

@@ -87,7 +87,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_region", &lazy_mlir::makeRegion, "Record a sequence of aten ops to replay as one IR node (region_node.h).",
         py::arg("name"), py::arg("num_inputs"), py::arg("ops"), py::arg("outputs"), py::arg("output_shapes"));
   m.def("trace_region", &lazy_mlir::traceRegion, "Trace a recorded region over lazy tensors as one IR node.",
-        py::arg("region"), py::arg("inputs"));
+        py::arg("region"), py::arg("inputs"), py::arg("plain_from") = -1);
   m.def("store_leaf_grads", &lazy_mlir::storeLeafGrads, pybind11::arg("leaves"), pybind11::arg("grads"),
         "In a backward(): each leaf's gradient stored into its .grad where AccumulateGrad would store it as is "
         "(None returned in its place), the others returned (see leaf_grads.h).");

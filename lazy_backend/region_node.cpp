@@ -117,7 +117,8 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
   return region;
 }
 
-std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs,
+                                    int64_t plain_from) {
   namespace fimpl = at::functionalization::impl;
   TORCH_CHECK(inputs.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
               region->num_inputs, " inputs, got ", inputs.size());
@@ -145,7 +146,8 @@ std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const
   for (size_t i = 0; i < region->outputs.size(); ++i) {
     at::Tensor out = torch::lazy::CreateAtenFromLtcTensor(
         torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device));
-    results.push_back(functional ? fimpl::to_functional_tensor(out) : out);
+    const bool plain = plain_from >= 0 && static_cast<int64_t>(i) >= plain_from;
+    results.push_back(functional && !plain ? fimpl::to_functional_tensor(out) : out);
   }
   return results;
 }

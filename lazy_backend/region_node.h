@@ -56,7 +56,11 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
                                    const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& output_shapes);
 
 // Traces one RegionNode over `inputs` (lazy tensors, functionalized or not)
-// and returns its outputs, functionalized like the inputs.
-std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs);
+// and returns its outputs, functionalized like the inputs, but for those
+// from `plain_from` on: plain lazy tensors, for outputs that only another
+// region reads (a forward's saved activations: no wrapper made per output
+// and unwrapped again by the backward).
+std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs,
+                                    int64_t plain_from = -1);
 
 }  // namespace lazy_mlir

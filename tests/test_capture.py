@@ -99,6 +99,33 @@ def test_dropout_draws_what_eager_draws(lazy_level):
     assert metrics.snapshot()["captured_calls"] == 3
 
 
+def test_saved_values_are_plain_lazy_tensors_and_survive_a_sync_before_backward(lazy_level):
+    """A direct replay saves its forward's values for the backward as plain
+    lazy tensors (no functionalization wrapper each, region_node.h); a
+    mark_step between forward and backward computes them with the forward
+    (the dropout masks eager drew), and the backward reads them as data."""
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 32, dtype=torch.float64), torch.tensor([1, 2, 3, 4])
+    grads = {}
+    for device in (CPU, LAZY):
+        model = dropout_mlp(7)().to(device)
+        loss = model(x.to(device), y.to(device))
+        if device.type == "lazy":
+            saved = loss.grad_fn.saved_tensors
+            assert saved and not any(torch._is_functional_tensor(t) for t in saved)
+            del saved
+            metrics.reset()
+            torch._lazy.mark_step()  # the forward runs, its saved values become data
+            assert metrics.snapshot()["graph_executions"] == 1, metrics.report()
+        loss.backward()
+        if device.type == "lazy":
+            assert all(torch._is_functional_tensor(p.grad) for p in model.parameters())
+            torch._lazy.mark_step()
+        grads[device.type] = {n: p.grad.cpu() for n, p in model.named_parameters()}
+    for name, g in grads["cpu"].items():
+        torch.testing.assert_close(grads["lazy"][name], g, **FP64, msg=name)
+
+
 def test_batchnorm_buffers_follow_eager(lazy_level):
     batches = fp64(image_batches(3))
     models = {}

@@ -240,10 +240,11 @@ class _Replay:
         args.clear()  # boxed convention: the inputs are not held past the call
         return results
 
-    def run(self, args) -> tuple:
+    def run(self, args, plain_from: int = -1) -> tuple:
         """The region traced on lazy ``args``: the graph's outputs, the inputs
-        it writes updated."""
-        outs = _C.trace_region(self.region, [*args, *self.constants])
+        it writes updated. Outputs from ``plain_from`` on (a region output
+        index) are plain lazy tensors, not functionalized (region_node.h)."""
+        outs = _C.trace_region(self.region, [*args, *self.constants], plain_from)
         if self.written:
             _C.functional_replace([args[i] for i, _ in self.written],
                                   _C.functional_values([outs[k] for _, k in self.written]))
@@ -260,7 +261,9 @@ class _Direct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, record, *inputs):
-        values = record.replays["forward"].run(inputs)
+        # the saved values only reach the backward's region: plain lazy tensors
+        # (the graph's outputs are the region's first ones, see _replays_directly)
+        values = record.replays["forward"].run(inputs, plain_from=record.n_user)
         # saved as autograd saves them: freed by the backward (unless
         # retain_graph), so that the step's graph does not also return
         # every activation because the loss still holds them at mark_step

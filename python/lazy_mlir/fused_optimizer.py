@@ -191,10 +191,8 @@ def _fused_sgd_step(params, grads, momentum_buffer_list, *, weight_decay, moment
     lr = lr.item() if isinstance(lr, torch.Tensor) else float(lr)
     first = momentum != 0 and momentum_buffer_list[0] is None  # torch's SGD makes each buffer from the gradient
     buffers = [] if momentum == 0 or first else list(momentum_buffer_list)
-    values = _C.functional_values(list(params) + list(grads) + buffers)
-    n = len(params)
-    arguments = [values[:n], values[n:2 * n], values[2 * n:], _lr_tensor(lr, device), weight_decay, momentum,
-                 dampening, nesterov, maximize]
+    arguments = [params, grads, buffers, _lr_tensor(lr, device), weight_decay, momentum, dampening,
+                 nesterov, maximize]
     if first:  # new state tensors for the results to go into, as the optimizer's own
         for i, p in enumerate(params):
             momentum_buffer_list[i] = torch.empty_like(p)
@@ -222,14 +220,9 @@ def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, stat
     scalars, scalar_rows = _C.advance_adam_steps(state_steps, float(lr), weight_decay, beta1, beta2,
                                                  params[0].device)
 
-    lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
-    values = _C.functional_values([t for ts in lists for t in ts])
-    arguments, start = [], 0
-    for length in [len(ts) for ts in lists]:
-        arguments.append(values[start:start + length])
-        start += length
-    arguments += [scalars, scalar_rows, beta1, beta2, weight_decay, eps, bool(amsgrad), bool(maximize),
-                  bool(decoupled)]
+    # the tensors as they are: the node reads their current values (builtin_op_node.h)
+    arguments = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows, beta1, beta2,
+                 weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled)]
     # grads are not written, as by torch's Adam
     _trace_update(ADAM_STEP, arguments, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs])
 
