@@ -130,10 +130,10 @@ const c10::FunctionSchema& findSchema(const std::string& name, const std::string
   return handle->schema();
 }
 
-std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
-                                     const pybind11::list& args,
-                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
-                                     const std::vector<int64_t>& list_sizes) {
+std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
+    const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
+    const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+    const std::vector<int64_t>& list_sizes) {
   const auto& schema = findSchema(qualified_name, overload);
   TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: ", qualified_name, " expects ",
               schema.arguments().size(), " arguments, got ", args.size());
@@ -208,10 +208,18 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
                                                 list_sizes, hash);
     torch::lazy::CacheNode(node);
   }
+  return {node, *device};
+}
+
+std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,
+                                     const pybind11::list& args,
+                                     const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+                                     const std::vector<int64_t>& list_sizes) {
+  auto [node, device] = traceBuiltinNode(qualified_name, overload, args, outputs, list_sizes);
   std::vector<at::Tensor> results;
-  for (size_t i = 0; i < num_outputs; ++i) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
     results.push_back(torch::lazy::CreateAtenFromLtcTensor(
-        torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device)));
+        torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), device)));
   }
   return results;
 }

@@ -78,4 +78,11 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
                                      const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
                                      const std::vector<int64_t>& list_sizes);
 
+// traceBuiltin's node and the device it is on, without a lazy tensor per
+// result (functional_update.h gives the results to tensors that exist).
+std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
+    const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
+    const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+    const std::vector<int64_t>& list_sizes);
+
 }  // namespace lazy_mlir

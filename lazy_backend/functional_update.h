@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <torch/csrc/lazy/core/tensor.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
@@ -24,9 +25,21 @@ std::vector<at::Tensor> functionalValues(const std::vector<at::Tensor>& tensors)
 void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& values);
 
 // traceBuiltin (builtin_op_node.h) of an op whose flattened results are the
-// new values of `targets` (their shapes and dtypes), then functionalReplace:
-// one call per optimizer step, no result tensor handed to Python.
+// new values of `targets` (their shapes and dtypes), written as
+// functionalReplace would: one call per optimizer step, no result tensor
+// handed to Python. A target whose lazy tensor nothing else holds takes its
+// result as a new IR value in that lazy tensor, not in a new one.
 void traceUpdate(const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
                  const std::vector<at::Tensor>& targets, const std::vector<int64_t>& list_sizes);
+
+// Moves the lazy tensors traceUpdate wrote since the last call to the end of
+// `tensors` (a sync's live tensors), in update order. LTC orders a sync's
+// outputs by lazy tensor age, and that order is part of the graph's hash:
+// a target updated in place keeps its age, and a first optimizer step,
+// whose state is made during the step (younger than the loss, older in
+// every later step), would trace another graph than the next. In this
+// order every step lists them last, as the new tensors of the
+// functionalized update were.
+void orderUpdatedLast(std::vector<torch::lazy::LazyTensorPtr>& tensors);
 
 }  // namespace lazy_mlir

@@ -1,5 +1,7 @@
 #include "ir_reuse.h"
 
+#include "functional_update.h"
+
 #include "../runtime/run_stats.h"
 #include "source_locations.h"
 
@@ -183,8 +185,17 @@ bool stepBoundary(const torch::lazy::BackendDevice& device) {
   return true;
 }
 
+// The backend's graph executor: LTC's, with IR reuse's clean-up after each
+// mark_step, and the live tensors' sync in functional_update's order.
 class ReusingGraphExecutor : public torch::lazy::LazyGraphExecutor {
  public:
+  void SyncLiveTensorsGraph(const torch::lazy::BackendDevice* device, c10::ArrayRef<std::string> devices,
+                            bool wait) override {
+    auto tensors = GetLiveTensors(device);  // as LTC's own, but for the order
+    orderUpdatedLast(tensors);
+    SyncTensorsGraph(&tensors, devices, wait, /*sync_ltc_data=*/true);
+  }
+
   void MarkStep(const torch::lazy::BackendDevice& device) override {
     torch::lazy::LazyGraphExecutor::MarkStep(device);  // also resets the trie's cursor
     g_device_data_ordinal = 0;

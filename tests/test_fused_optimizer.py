@@ -267,3 +267,41 @@ def test_per_tensor_reasons_a_group_is_not_fused(lazy_level):
     assert _C.group_tensors_unfusable([*lazy, complex_param], []) == "complex parameters"
     for odd in (torch.zeros(3), torch.zeros(3, device="lazy", dtype=torch.int64)):  # another device, not a float
         assert _C.group_tensors_unfusable([*lazy, odd], []) == "parameters not all floating-point on one lazy device"
+
+
+@pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)
+@pytest.mark.parametrize("case", ["adamw", "sgd_momentum"])
+def test_results_go_into_the_lazy_tensors_the_state_has(lazy_level, case):
+    """Once the state exists, a fused step makes no lazy tensor per result:
+    each parameter and state tensor takes its new value in the lazy tensor
+    it holds (functional_update.h; Adam's scalars are the one new tensor).
+    The values stay eager's, and every step after the state's first one
+    hits the graph cache: the step's outputs keep one order although the
+    updated tensors keep their age (orderUpdatedLast)."""
+    import torch._lazy.metrics as ltc_metrics
+    _fused(lazy_level)
+    eager = _model(torch.float64)
+    lazy = copy.deepcopy(eager).to(LAZY)
+    eager_opt, lazy_opt = CASES[case](eager), CASES[case](lazy)
+    created, misses, losses = [], [], {"cpu": [], LAZY: []}
+    for x in _batches(torch.float64, 4):
+        for model, opt, device in ((eager, eager_opt, "cpu"), (lazy, lazy_opt, LAZY)):
+            loss = _loss(model, x.to(device))  # held through mark_step, as a loop that logs it does
+            loss.backward()
+            before = ltc_metrics.counter_value("CreateLtcTensor") or 0
+            opt.step()
+            if device == LAZY:
+                created.append((ltc_metrics.counter_value("CreateLtcTensor") or 0) - before)
+            opt.zero_grad()
+            losses[device].append(loss)
+        misses_before = metrics.snapshot()["cache_misses"]
+        torch._lazy.mark_step()
+        misses.append(metrics.snapshot()["cache_misses"] - misses_before)
+    torch.testing.assert_close(torch.stack([t.cpu() for t in losses[LAZY]]), torch.stack(losses["cpu"]).detach(),
+                               rtol=1e-12, atol=1e-13)
+    _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
+    _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
+    results = len(list(lazy.parameters())) * (3 if case == "adamw" else 2)
+    assert all(n <= 1 for n in created[1:]), (created, results)  # not one per result
+    # SGD's first step makes its buffers (other math): its second graph is the steady one
+    assert misses == ([1, 0, 0, 0] if case == "adamw" else [1, 1, 0, 0]), misses
