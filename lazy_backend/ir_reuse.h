@@ -32,7 +32,8 @@ namespace lazy_mlir {
 
 // Turns reuse on or off (off also empties the trie). The first call puts
 // this module's graph executor in place of LTC's (same behaviour plus the
-// clean-up after each mark_step). Its counts are in RunStats.
+// clean-up after each mark_step, and the live tensors synced in
+// functional_update.h's order). Its counts are in RunStats.
 void setIrReuse(bool on);
 
 // While paused, ops are traced without the trie (lazy_mlir.steady_state's
