@@ -187,7 +187,7 @@ bool stepBoundary(const torch::lazy::BackendDevice& device) {
 
 // The backend's graph executor: LTC's, with IR reuse's clean-up after each
 // mark_step, and the live tensors' sync in functional_update's order.
-class ReusingGraphExecutor : public torch::lazy::LazyGraphExecutor {
+class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
  public:
   void SyncLiveTensorsGraph(const torch::lazy::BackendDevice* device, c10::ArrayRef<std::string> devices,
                             bool wait) override {
@@ -215,8 +215,8 @@ class ReusingGraphExecutor : public torch::lazy::LazyGraphExecutor {
 }  // namespace
 
 void setIrReuse(bool on) {
-  static ReusingGraphExecutor* executor = [] {
-    auto* created = new ReusingGraphExecutor();
+  static BackendGraphExecutor* executor = [] {
+    auto* created = new BackendGraphExecutor();
     torch::lazy::LazyGraphExecutor::Register(created);
     return created;
   }();
