@@ -100,14 +100,24 @@ std::string BuiltinOpNode::ToString() const {
 }
 
 torch::lazy::hash_t hashConstant(const c10::IValue& constant) {
+  // Numbers, flags and strings by value and kind (1 and 1.0 and true differ):
+  // an optimizer's node hashes a dozen every step, and printing a double
+  // was a tenth of its trace. Doubles by their bits: -0.0 is not 0.0
+  // (hardtanh(x, -0.0, 5) must not run the 0.0 graph).
+  using torch::lazy::Hash;
+  using torch::lazy::HashCombine;
+  if (constant.isNone()) return Hash(std::string("None"));
+  if (constant.isBool()) return HashCombine(Hash(std::string("bool")), Hash(constant.toBool()));
+  if (constant.isInt()) return HashCombine(Hash(std::string("int")), Hash(constant.toInt()));
+  if (constant.isDouble()) return HashCombine(Hash(std::string("float")), Hash(constant.toDouble()));
+  if (constant.isString()) return HashCombine(Hash(std::string("str")), Hash(constant.toStringRef()));
+  if (constant.isIntList()) return HashCombine(Hash(std::string("int[]")), Hash(constant.toIntVector()));
+  // the rest (devices, lists of other kinds, ...) by what they print
   std::ostringstream repr;
   repr << constant;
-  torch::lazy::hash_t hash = torch::lazy::Hash(repr.str());
-  // Doubles by their bits too: -0.0 prints as 0.0 (hardtanh(x, -0.0, 5)
-  // then ran the 0.0 graph), and printing rounds.
-  if (constant.isDouble()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(constant.toDouble()));
+  torch::lazy::hash_t hash = Hash(repr.str());
   if (constant.isDoubleList()) {
-    for (double item : constant.toDoubleVector()) hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(item));
+    for (double item : constant.toDoubleVector()) hash = HashCombine(hash, Hash(item));
   }
   return hash;
 }

@@ -69,6 +69,14 @@ torch::lazy::LazyTensor* soleLazyValue(const at::Tensor& target) {
   return lazy.get();
 }
 
+// A target's sizes from its lazy tensor: the wrapper's sizes() would first
+// recompute the inner tensor's sizes and strides, stale after every update.
+std::vector<int64_t> currentSizes(const at::Tensor& target) {
+  const at::Tensor& value = fimpl::unsafeGetFunctionalWrapper(target)->value();
+  if (auto lazy = torch::lazy::TryGetLtcTensor(value)) return lazy->shape().Get().sizes().vec();
+  return target.sizes().vec();
+}
+
 }  // namespace
 
 void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& values) {
@@ -91,7 +99,7 @@ void traceUpdate(const std::string& qualified_name, const std::string& overload,
   outputs.reserve(targets.size());
   for (const at::Tensor& t : targets) {
     checkFunctional(t);
-    outputs.emplace_back(t.scalar_type(), t.sizes().vec());
+    outputs.emplace_back(t.scalar_type(), currentSizes(t));
   }
   auto [node, device] = traceBuiltinNode(qualified_name, overload, args, outputs, list_sizes);
   std::vector<std::weak_ptr<torch::lazy::LazyTensor::Data>> updated;

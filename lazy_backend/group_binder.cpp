@@ -64,6 +64,7 @@ bool GroupBinder::bind(Node* group, int index) {
   torch::jit::WithInsertPoint guard(group);
   const auto num_outputs = static_cast<int64_t>(group->outputs().size());
   auto holder = c10::make_intrusive<CompiledGroup>(name, std::move(executable), num_outputs);
+  any_donated_ = any_donated_ || !donated.empty();
   holder->setDonated(std::move(donated));
   Value* self = insertObjectConstant(graph, c10::IValue(std::move(holder)));
   Value* inputs = graph.insertNode(graph.createList(c10::TensorType::get(), group->inputs()))->output();

@@ -18,8 +18,13 @@ class GroupBinder {
   // Returns true if the group was bound, false if it was inlined back.
   bool bind(torch::jit::Node* group, int index);
 
+  // Whether a bound group's executable accepted donations: else no run of
+  // the graph needs to know which buffers are dead.
+  bool anyDonated() const { return any_donated_; }
+
  private:
   std::string graph_name_;
+  bool any_donated_ = false;
 };
 
 }  // namespace lazy_mlir

@@ -72,7 +72,7 @@ std::shared_ptr<CompiledComputation> LazyMlirBackend::compileGraph(
   }
   torch::jit::EliminateDeadCode(graph);
   auto computation = std::make_shared<CompiledComputation>(graph, source, key);
-  computation->setDonorGroups(BufferDonation::donorGroups(*graph));
+  if (binder.anyDonated()) computation->setDonorGroups(BufferDonation::donorGroups(*graph));
   return computation;
 }
 
