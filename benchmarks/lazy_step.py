@@ -163,10 +163,14 @@ class GeneratedCodeClock:
 PAIRED_PARTS = ("graph", "matmul", "outside")
 
 
-def take_turns(rows: dict, batches: list, warmup: int) -> dict[str, dict]:
+def take_turns(rows: dict, batches: list, warmup: int, block: int = 1) -> dict[str, dict]:
     """Runs ``rows`` (name -> step(batch) returning the loss) in this process,
-    one step of each in turn per batch, so that machine drift hits them
-    alike. Per row: ``ms_per_step``, the medians of PAIRED_PARTS in
+    taking turns so that machine drift hits them alike: with ``block`` 1
+    one step of each per batch; with ``block`` k each row runs k batches in
+    a row, and the first step of each turn, which follows another row's
+    steps (its caches evicted, its memory handed out), is not timed: the
+    steps timed are then those of a process that trains one model, as a
+    user's does. Per row: ``ms_per_step``, the medians of PAIRED_PARTS in
     ``paired_ms`` (GeneratedCodeClock's parts; ``outside`` is the rest of the
     step), first step seconds and the losses. lazy_mlir's metrics are reset
     once the warm-up steps are done."""
@@ -174,19 +178,24 @@ def take_turns(rows: dict, batches: list, warmup: int) -> dict[str, dict]:
     clock = GeneratedCodeClock()
     parts = {name: [] for name in rows}
     losses = {name: [] for name in rows}
-    for i, batch in enumerate(batches):
-        if i == warmup:
+    if warmup % block:
+        raise SystemExit(f"--block {block} must divide --warmup {warmup} (the metrics restart at a turn)")
+    for first in range(0, len(batches), block):
+        turn = batches[first:first + block]
+        if first == warmup:
             metrics.reset()
         for name, step in rows.items():
-            clock.take()
-            start = time.perf_counter()
-            losses[name].append(step(batch))
-            total = time.perf_counter() - start
-            taken = clock.take()
-            parts[name].append({"step": total, **taken, "outside": total - taken["graph"]})
+            for k, batch in enumerate(turn):
+                clock.take()
+                start = time.perf_counter()
+                losses[name].append(step(batch))
+                total = time.perf_counter() - start
+                taken = clock.take()
+                timed = block == 1 or k > 0
+                parts[name].append({"step": total, **taken, "outside": total - taken["graph"], "timed": timed})
     results = {}
     for name in rows:
-        timed = parts[name][warmup:]
+        timed = [p for p in parts[name][warmup:] if p["timed"]]
         paired = {k: statistics.median(p[k] for p in timed) * 1000 for k in PAIRED_PARTS}
         if paired["graph"] > 0 and not any(p["matmul"] for p in timed):  # a C++ wrapper: GEMMs out of sight
             paired["matmul"] = float("nan")

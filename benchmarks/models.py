@@ -22,6 +22,12 @@ call), shows FAILED and why instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/models.py [--steps 20] [--warmup 5] [--rounds 1] [--models gpt2,resnet]
     .venv/bin/python benchmarks/models.py --paired   # per model, the rows take turns in one process
+    .venv/bin/python benchmarks/models.py --paired --block 5   # turns of 5 steps, 4 of them timed
+
+Taking turns step by step, each row's step follows another row's, which has
+evicted its caches; a training process runs one model, and ``--block``
+times steps that follow the row's own (the figure a user sees), still
+interleaved against machine drift.
 """
 from __future__ import annotations
 
@@ -126,14 +132,15 @@ def run_variant(name: str, variant: str, steps: int, warmup: int) -> dict:
     return result
 
 
-def run_paired(name: str, variants: list[str], steps: int, warmup: int) -> dict:
-    """Runs in the child process: every row of ``name``, one step each in turn
-    (at most one lazy_mlir row), with the time in generated code split out."""
+def run_paired(name: str, variants: list[str], steps: int, warmup: int, block: int) -> dict:
+    """Runs in the child process: every row of ``name``, ``block`` steps each
+    in turn (at most one lazy_mlir row), with the time in generated code
+    split out."""
     if sum(v.startswith("lazy_mlir") for v in variants) > 1:
         raise SystemExit("--paired takes at most one lazy_mlir row")
     rows = {v: _make_step(name, v) for v in variants}
     batches = rows[variants[0]][1](warmup + steps)
-    results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup)
+    results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup, block)
     for v, r in results.items():
         if v.startswith("lazy_mlir"):
             r.update(_lazy_checks(v, steps))
@@ -152,6 +159,9 @@ def main():
     parser.add_argument("--paired", action="store_true",
                         help="per model, all rows in one process taking turns step by step, with the time in "
                              "generated code ('graph') and the rest ('outside') instead of the lazy split")
+    parser.add_argument("--block", type=int, default=1,
+                        help="with --paired: each row runs this many steps per turn, the first of each turn "
+                             "(after another row's) not timed; 1: rows alternate step by step")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-paired", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -159,7 +169,7 @@ def main():
         print(json.dumps(run_variant(*args.child, args.steps, args.warmup)))
         return
     if args.child_paired:
-        print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.steps, args.warmup)))
+        print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.steps, args.warmup, args.block)))
         return
 
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -168,7 +178,8 @@ def main():
         for name in args.models.split(","):
             if args.paired:
                 print(f"round {round_ + 1}: {name}, rows in turn ...", file=sys.stderr, flush=True)
-                rows = run_child(__file__, ["--child-paired", name, "--only", args.only, *common])
+                rows = run_child(__file__, ["--child-paired", name, "--only", args.only, "--block", str(args.block),
+                                           *common])
                 for variant in args.only.split(","):
                     runs.setdefault((name, variant), []).append(rows if "failed" in rows else rows[variant])
                 continue
@@ -179,7 +190,10 @@ def main():
     results = {key: pick_round(rs) for key, rs in runs.items()}
     failed = {f"{m} {v}": r["failed"] for (m, v), r in results.items() if "failed" in r}
 
-    how = "all rows of a model in one process taking turns step by step" if args.paired else "one process per row"
+    how = ("one process per row" if not args.paired else
+           "all rows of a model in one process taking turns step by step" if args.block == 1 else
+           f"all rows of a model in one process taking turns every {args.block} steps, the first of each turn "
+           f"not timed")
     print(f"\nZoo training steps (fp32) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
           f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
