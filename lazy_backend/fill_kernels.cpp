@@ -2,7 +2,10 @@
 
 #include <ATen/ops/full_like_native.h>
 #include <ATen/ops/ones_like_native.h>
+#include <ATen/ops/select_scatter.h>
+#include <ATen/ops/slice_scatter.h>
 #include <ATen/ops/zeros_like_native.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
 #include <torch/csrc/lazy/core/tensor.h>
 #include <torch/library.h>
@@ -49,6 +52,34 @@ at::Tensor fullLike(const at::Tensor& self, const at::Scalar& fill_value, std::o
   return at::native::full_like(self, fill_value, dtype, layout, device, pin_memory, memory_format);
 }
 
+// Zeros of `input_sizes` with `grad` written into a part of them, as
+// slice_backward and select_backward return: an expanded scalar, then LTC's
+// own slice_scatter/select_scatter node.
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+SilentWarnings g_silent;
+
+at::Tensor zerosOfSizes(const at::Tensor& grad, c10::SymIntArrayRef input_sizes) {
+  torch::lazy::LazyTensorPtr lazy_grad = torch::lazy::TryGetLtcTensor(grad);
+  TORCH_CHECK(lazy_grad, "lazy_mlir: a slice/select backward of a tensor that is not lazy (", grad.device(), ")");
+  const torch::lazy::Shape shape(grad.scalar_type(), C10_AS_INTARRAYREF_SLOW(input_sizes));
+  const torch::lazy::BackendDevice& where = lazy_grad->GetDevice();
+  return torch::lazy::CreateAtenFromLtcTensor(torch::lazy::LazyTensor::Create(
+      torch::lazy::LazyGraphExecutor::Get()->GetIrValueForExpandedScalar(0, shape, where), where));
+}
+
+at::Tensor sliceBackward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t dim, c10::SymInt start,
+                         c10::SymInt end, c10::SymInt step) {
+  return at::slice_scatter_symint(zerosOfSizes(grad, input_sizes), grad, dim, std::move(start), std::move(end),
+                                  std::move(step));
+}
+
+at::Tensor selectBackward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t dim, c10::SymInt index) {
+  return at::select_scatter_symint(zerosOfSizes(grad, input_sizes), grad, dim, std::move(index));
+}
+
 }  // namespace
 
 void registerFillKernels() {
@@ -58,6 +89,16 @@ void registerFillKernels() {
     library->impl("ones_like", TORCH_FN(onesLike));
     library->impl("zeros_like", TORCH_FN(zerosLike));
     library->impl("full_like", TORCH_FN(fullLike));
+    {
+      // LTC's own kernels for these reach torch._decomp's Python
+      // decomposition: ~60 us each, in the backward of every slicing (a
+      // causal LM's label shift, x[:, 0]). Replacing them is intended: the
+      // dispatcher's "Overriding a previously registered kernel" warning is
+      // silenced.
+      c10::WarningUtils::WarningHandlerGuard quiet(&g_silent);
+      library->impl("slice_backward", TORCH_FN(sliceBackward));
+      library->impl("select_backward", TORCH_FN(selectBackward));
+    }
     return true;
   }();
   (void)registered;

@@ -5,7 +5,9 @@
 // cProfile) for the seed of every backward() (autograd's ones_like of the
 // loss). Here the
 // result is the value fill_ would give, the scalar expanded to the shape,
-// built directly.
+// built directly. slice_backward and select_backward likewise: zeros built
+// so, with the gradient scattered in (LTC's slice_scatter/select_scatter),
+// where LTC's kernels ran torch._decomp's Python decomposition.
 #pragma once
 
 namespace lazy_mlir {

@@ -406,6 +406,26 @@ def test_builtin_output_shapes_are_computed_once_per_signature(lazy_level, monke
     assert len(signatures) == 4, signatures
 
 
+def test_slice_and_select_gradients_scatter_into_an_expanded_zero(lazy_level):
+    """The backward of slicing and indexing (slice_backward,
+    select_backward: a causal LM's label shift, x[:, 0]) is the gradient
+    scattered into zeros built in the graph (fill_kernels.h). LTC's own
+    kernels ran torch._decomp's Python decomposition, whose new_zeros made
+    an input-sized device data from a fresh host allocation every step."""
+    x = torch.randn(3, 5, dtype=torch.float64)
+    xl, xe = _lazy_leaf(x), x.clone().requires_grad_(True)
+    for t in (xl, xe):
+        ((t[:, 1:4] * 2).sum() + (t[:, 0] * 3).sum() + (t[:, ::2] ** 2).sum()).backward()
+    text = torch._C._lazy._get_tensors_text([xl.grad])
+    assert text.count("aten::slice_scatter") == 2 and text.count("aten::select_scatter") == 1, text
+    # the zeros are expanded scalars: the one [3, 5] device data is x (read by
+    # pow's backward), no host tensor was made for them and zeroed
+    assert text.count("is_scalar_expand=1") == 3 and "aten::zero(" not in text, text
+    assert text.count("[Double[3,5]] lazy_tensors::device_data") == 1, text
+    torch.testing.assert_close(xl.grad.cpu(), xe.grad, rtol=0, atol=0)
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
 def test_fill_likes_are_one_expanded_scalar(lazy_level):
     """ones_like, zeros_like and full_like (autograd's seed of every
     backward) build the filled value directly (fill_kernels.h), not an
