@@ -1,6 +1,7 @@
 #include "fill_kernels.h"
 
 #include <ATen/ops/full_like_native.h>
+#include <ATen/ops/zero_native.h>
 #include <ATen/ops/ones_like_native.h>
 #include <ATen/ops/select_scatter.h>
 #include <ATen/ops/slice_scatter.h>
@@ -52,6 +53,27 @@ at::Tensor fullLike(const at::Tensor& self, const at::Scalar& fill_value, std::o
   return at::native::full_like(self, fill_value, dtype, layout, device, pin_memory, memory_format);
 }
 
+// zero(self) (what functionalization makes of zero_, hence of torch.zeros:
+// an empty tensor, zeroed) as zeros of self's shape: LTC's
+// node reads self, a fresh host allocation made into device data, so
+// every such call was one more input of the step's graph.
+at::Tensor zero(const at::Tensor& self) {
+  if (auto filled = filledLike(self, 0, std::nullopt, std::nullopt, std::nullopt)) {
+    return torch::lazy::CreateAtenFromLtcTensor(filled);
+  }
+  return at::native::zero(self);
+}
+
+// zero_ below functionalization (new_zeros' composite: empty, then zero_):
+// the tensor takes the zeros as its value.
+at::Tensor& zeroInPlace(at::Tensor& self) {
+  torch::lazy::LazyTensorPtr lazy = torch::lazy::TryGetLtcTensor(self);
+  TORCH_CHECK(lazy, "lazy_mlir: zero_ of a tensor that is not lazy (", self.device(), ")");
+  lazy->SetInPlaceIrValue(
+      torch::lazy::LazyGraphExecutor::Get()->GetIrValueForExpandedScalar(0, lazy->shape(), lazy->GetDevice()));
+  return self;
+}
+
 // Zeros of `input_sizes` with `grad` written into a part of them, as
 // slice_backward and select_backward return: an expanded scalar, then LTC's
 // own slice_scatter/select_scatter node.
@@ -90,12 +112,14 @@ void registerFillKernels() {
     library->impl("zeros_like", TORCH_FN(zerosLike));
     library->impl("full_like", TORCH_FN(fullLike));
     {
-      // LTC's own kernels for these reach torch._decomp's Python
-      // decomposition: ~60 us each, in the backward of every slicing (a
-      // causal LM's label shift, x[:, 0]). Replacing them is intended: the
-      // dispatcher's "Overriding a previously registered kernel" warning is
-      // silenced.
+      // LTC's own kernels for these read a host-made tensor (zero), or
+      // reach torch._decomp's Python decomposition (the backward of every
+      // slicing: a causal LM's label shift, x[:, 0]; ~45 us each). Replacing
+      // them is intended: the dispatcher's "Overriding a previously
+      // registered kernel" warning is silenced.
       c10::WarningUtils::WarningHandlerGuard quiet(&g_silent);
+      library->impl("zero", TORCH_FN(zero));
+      library->impl("zero_", TORCH_FN(zeroInPlace));
       library->impl("slice_backward", TORCH_FN(sliceBackward));
       library->impl("select_backward", TORCH_FN(selectBackward));
     }

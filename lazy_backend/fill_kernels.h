@@ -5,9 +5,11 @@
 // cProfile) for the seed of every backward() (autograd's ones_like of the
 // loss). Here the
 // result is the value fill_ would give, the scalar expanded to the shape,
-// built directly. slice_backward and select_backward likewise: zeros built
-// so, with the gradient scattered in (LTC's slice_scatter/select_scatter),
-// where LTC's kernels ran torch._decomp's Python decomposition.
+// built directly. zero (torch.zeros, new_zeros) likewise, where LTC's node
+// read the host-made empty tensor it zeroes; slice_backward and
+// select_backward: zeros built so with the gradient scattered in (LTC's
+// slice_scatter/select_scatter), where LTC's kernels ran torch._decomp's
+// Python decomposition.
 #pragma once
 
 namespace lazy_mlir {

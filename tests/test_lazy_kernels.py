@@ -406,6 +406,25 @@ def test_builtin_output_shapes_are_computed_once_per_signature(lazy_level, monke
     assert len(signatures) == 4, signatures
 
 
+def test_zeros_are_an_expanded_scalar(lazy_level):
+    """torch.zeros, new_zeros and zero_ (functionalized: zero) build zeros in
+    the graph (fill_kernels.h); LTC's zero read the host-made empty tensor,
+    one more graph input per call."""
+    g = torch.randn(2, 3).to(LAZY)
+    torch._lazy.mark_step()
+    x = torch.randn(4, 5).to(LAZY) * 2  # a pending value: zero_ ignores it
+    made = {"zeros": torch.zeros(4, 5, device=LAZY, dtype=torch.float64), "new_zeros": g.new_zeros(4, 5),
+            "zero_": x.zero_(), "int zeros": torch.zeros(4, 5, device=LAZY, dtype=torch.int32)}
+    for name, t in made.items():
+        text = torch._C._lazy._get_tensors_text([t])
+        assert "is_scalar_expand=1" in text and "aten::zero(" not in text, (name, text)
+        assert "[4,5]] lazy_tensors::device_data" not in text, (name, text)
+    for name, t in made.items():
+        assert t.device.type == "lazy" and t.shape == (4, 5), name
+        assert t.cpu().eq(0).all() and t.cpu().dtype == {"zeros": torch.float64, "int zeros": torch.int32}.get(
+            name, torch.float32), name
+
+
 def test_slice_and_select_gradients_scatter_into_an_expanded_zero(lazy_level):
     """The backward of slicing and indexing (slice_backward,
     select_backward: a causal LM's label shift, x[:, 0]) is the gradient
