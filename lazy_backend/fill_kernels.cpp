@@ -1,10 +1,10 @@
 #include "fill_kernels.h"
 
 #include <ATen/ops/full_like_native.h>
-#include <ATen/ops/zero_native.h>
 #include <ATen/ops/ones_like_native.h>
 #include <ATen/ops/select_scatter.h>
 #include <ATen/ops/slice_scatter.h>
+#include <ATen/ops/zero_native.h>
 #include <ATen/ops/zeros_like_native.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
@@ -77,12 +77,6 @@ at::Tensor& zeroInPlace(at::Tensor& self) {
 // Zeros of `input_sizes` with `grad` written into a part of them, as
 // slice_backward and select_backward return: an expanded scalar, then LTC's
 // own slice_scatter/select_scatter node.
-class SilentWarnings : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-SilentWarnings g_silent;
-
 at::Tensor zerosOfSizes(const at::Tensor& grad, c10::SymIntArrayRef input_sizes) {
   torch::lazy::LazyTensorPtr lazy_grad = torch::lazy::TryGetLtcTensor(grad);
   TORCH_CHECK(lazy_grad, "lazy_mlir: a slice/select backward of a tensor that is not lazy (", grad.device(), ")");
@@ -101,6 +95,13 @@ at::Tensor sliceBackward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes
 at::Tensor selectBackward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t dim, c10::SymInt index) {
   return at::select_scatter_symint(zerosOfSizes(grad, input_sizes), grad, dim, std::move(index));
 }
+
+// Takes the warnings raised while it is installed, and drops them.
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+SilentWarnings g_silent;
 
 }  // namespace
 
