@@ -98,8 +98,8 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("state_steps"),
         "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");
   m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
-        "Lazy kernels for ones_like, zeros_like, full_like (an expanded scalar), slice_backward and select_backward "
-        "(see fill_kernels.h).");
+        "Lazy kernels for ones_like, zeros_like, full_like, zero and zero_ (an expanded scalar), slice_backward and "
+        "select_backward (see fill_kernels.h).");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,
