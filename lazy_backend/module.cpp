@@ -94,6 +94,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("state_signature", &lazy_mlir::stateSignature, pybind11::arg("tensors"),
         "A captured module's state tensors' dtypes, sizes and requires_grad as bytes, None if one is not lazy "
         "(see state_signature.h).");
+  py::class_<lazy_mlir::StateEntries>(m, "StateEntries",
+                                      "Whether a module tree still holds what a walk of it found (see "
+                                      "state_signature.h).")
+      .def(py::init<const py::list&, const py::list&>(), py::arg("dicts"), py::arg("entries"))
+      .def("unchanged", &lazy_mlir::StateEntries::unchanged);
   m.def("group_tensors_unfusable", &lazy_mlir::groupTensorsUnfusable, pybind11::arg("params"),
         pybind11::arg("state_steps"),
         "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");

@@ -173,6 +173,34 @@ def test_a_changed_key_records_again(lazy_level):
     check(x, y)
     check(x, y)
     assert metrics.snapshot()["capture_records"] == 6
+    with torch.no_grad():  # a replaced parameter: its new value is read
+        reference.fc2.weight = nn.Parameter(reference.fc2.weight * 2)
+        model.fc2.weight = nn.Parameter(reference.fc2.weight.detach().to(LAZY))
+    check(x, y)
+    assert metrics.snapshot()["capture_records"] == 7
+    model.fc2.register_buffer("unused", torch.zeros(1, dtype=torch.float64).to(LAZY))  # one more state tensor
+    check(x, y)
+    assert metrics.snapshot()["capture_records"] == 8
+
+
+def test_state_entries_see_every_change_to_the_dicts():
+    """The check that lets a captured call skip walking its module tree."""
+    weight, bias = object(), object()
+    params, buffers = {"weight": weight, "bias": bias}, {}
+    entries = _C.StateEntries([params, buffers], [(params, "weight", weight), (params, "bias", bias)])
+    assert entries.unchanged()
+    params["weight"] = object()  # replaced
+    assert not entries.unchanged()
+    params["weight"] = weight
+    assert entries.unchanged()
+    buffers["running_mean"] = object()  # added
+    assert not entries.unchanged()
+    del buffers["running_mean"], params["bias"]  # removed
+    assert not entries.unchanged()
+    params["bias"] = None  # the same length, another value
+    assert not entries.unchanged()
+    with pytest.raises(TypeError):
+        _C.StateEntries([[]], [])
 
 
 @pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)

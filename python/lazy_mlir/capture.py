@@ -371,6 +371,9 @@ def _key_change(key: tuple, records: dict) -> str:
     return ", ".join(part for part, a, b in zip(_KEY_PARTS, key, last) if a != b) or "none"
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # pytree leaves (not Tensor subclasses that may be nodes)
+
+
 def _signature(leaf):
     if isinstance(leaf, torch.Tensor):
         return leaf.dtype, leaf.shape, leaf.stride(), leaf.requires_grad, leaf.device
@@ -382,25 +385,20 @@ class _NamedState:
     call, without walking the module tree when it has not changed (the walk
     was a third of a small model's capture overhead): the entries it read
     (dict, key, value: each submodule, parameter and buffer) are checked to
-    be still in place, and the dicts to hold nothing more (with ``map``, in
-    C: this runs at every call)."""
+    be still in place, and the dicts to hold nothing more, in one C++ call
+    (``_C.StateEntries``: this runs at every call)."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
         self.named: list = []
         self.tensors: list = []
         self.identity: tuple = ()  # (name, id) of each tensor: part of a record's key
-        self.dicts, self.lengths = [], []
-        self.entry_dicts, self.entry_keys, self.entry_values = [], [], []
+        self.entries = None  # the last walk's _C.StateEntries
 
     def get(self) -> list[tuple[str, torch.Tensor]]:
-        if not self.dicts or not self._unchanged():
+        if self.entries is None or not self.entries.unchanged():
             self._walk()
         return self.named
-
-    def _unchanged(self) -> bool:
-        return (list(map(len, self.dicts)) == self.lengths
-                and all(map(operator.is_, map(dict.get, self.entry_dicts, self.entry_keys), self.entry_values)))
 
     def _walk(self) -> None:
         order, seen = [], {id(self.module)}  # (prefix, module), depth-first as named_modules()
@@ -428,8 +426,7 @@ class _NamedState:
         self.named = params + buffers
         self.tensors = [t for _, t in self.named]
         self.identity = tuple((name, id(t)) for name, t in self.named)
-        self.dicts, self.lengths = dicts, [len(d) for d in dicts]
-        self.entry_dicts, self.entry_keys, self.entry_values = (list(x) for x in zip(*entries)) if entries else ([], [], [])
+        self.entries = _C.StateEntries(dicts, entries)
 
 
 class CapturedForward:
@@ -442,10 +439,11 @@ class CapturedForward:
         self.state = _NamedState(module)
         self.records: dict = {}
         self.refused: set = set()
+        self.specs: dict = {}  # (number of arguments, keyword names) -> the spec of tensor-only calls
 
     def __call__(self, *args, **kwargs):
         module = self.module
-        leaves, spec = tree_flatten((args, kwargs))
+        leaves, spec = self._flatten(args, kwargs)
         named = self.state.get()
         state = self.state.tensors
         # what a record assumes of the state besides identity (dtype, sizes,
@@ -457,7 +455,7 @@ class CapturedForward:
         mode = module.mode() if isinstance(module, CapturedFunction) else module.training
         key = (spec, tuple(_signature(x) for x in leaves), self.state.identity, state_signature, mode,
                torch.is_grad_enabled())
-        if key in self.refused:
+        if self.refused and key in self.refused:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)
         record = self.records.get(key)
@@ -482,6 +480,19 @@ class CapturedForward:
             metrics.count_capture("recorded")
         metrics.count_capture("replayed")
         return record(*state, *(x for x in leaves if isinstance(x, torch.Tensor)))
+
+    def _flatten(self, args: tuple, kwargs: dict) -> tuple[list, object]:
+        """``tree_flatten((args, kwargs))``. A call with tensors only (the
+        usual one) has its spec kept per argument count and keyword names:
+        pytree's flatten was ~1% of a small model's step."""
+        values = (*args, *kwargs.values()) if kwargs else args
+        if all(type(v) in _PLAIN_TENSORS for v in values):
+            shape = (len(args), tuple(kwargs))
+            spec = self.specs.get(shape)
+            if spec is None:
+                spec = self.specs[shape] = tree_flatten((args, kwargs))[1]
+            return list(values), spec
+        return tree_flatten((args, kwargs))
 
     def _record(self, names: list[str], state: list[torch.Tensor], leaves: list, spec):
         """AOTAutograd's forward-and-backward function for this key, its
