@@ -29,12 +29,25 @@ NodeClass classifyInPython(torch::jit::Node* node) {
 // flag cannot: torch 2.13 sets it on value reads too. True under mark_step,
 // whose sync takes every live tensor's pending graph (so no graph left
 // behind reads this one's inputs later: buffer donation's premise).
-bool reportExecution() {
+// `draws`: the graph runs random ops (a sync mid-step then warns: what
+// still depends on them draws again when the step's graph runs).
+bool reportExecution(bool draws) {
   const auto& hook = PythonHooks::get().on_execute;
   if (!hook.defined()) return false;
   pybind11::gil_scoped_acquire gil;
-  const pybind11::object marking = hook.get()();
+  const pybind11::object marking = hook.get()(draws);
   return marking.is(pybind11::bool_(true));
+}
+
+// Whether a computation's TorchScript graph runs a random op. They stay in
+// the glue graph (never in a compiled group), so its top level is enough.
+bool drawsRandom(const torch::lazy::ComputationPtr& computation) {
+  auto ts = std::dynamic_pointer_cast<torch::lazy::TSComputation>(computation);
+  if (!ts) return false;
+  for (const torch::jit::Node* node : ts->graph()->nodes()) {
+    if (isRandomOp(node->kind())) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -171,7 +184,7 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
 std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {
-  const bool marking = reportExecution();
+  const bool marking = reportExecution(drawsRandom(computation));
   const int64_t start = nowNs();
   DeadBuffers dead;
   if (auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation)) {

@@ -3,9 +3,11 @@ and at O2 (one graph per step) an eager fallback is an error naming the op
 and the line."""
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
+import torch.nn as nn
 
 import lazy_mlir
 from lazy_mlir import metrics, syncs
@@ -27,6 +29,27 @@ def test_value_reads_are_counted_by_user_source_line(lazy_level):
     assert s["graph_executions"] == 3  # the two reads, then mark_step
     assert "syncs                2 graph executions outside mark_step" in metrics.report()
     assert positive == bool((x * 2).sum().cpu() > 0) and z >= 0
+
+
+def test_a_read_mid_step_that_runs_random_ops_warns(lazy_level):
+    """LTC computes only what is read: the dropout mask drawn for the loss is
+    drawn again, other numbers, for the gradients at mark_step (unlike
+    eager), so the read says so, naming the line. A read whose graph draws
+    nothing stays quiet."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 1)).double().to(LAZY)
+    x = torch.randn(4, 8, dtype=torch.float64).to(LAZY)
+    loss = model(x).sum()
+    with pytest.warns(RuntimeWarning, match=r"value read at .*test_syncs.py:\d+ .*ran random ops") as caught:
+        loss.item()
+    assert len(caught) == 1 and caught[0].filename == __file__, [str(w.message) for w in caught]
+    loss.backward()
+    torch._lazy.mark_step()
+    model.eval()  # no dropout: nothing drawn, nothing to warn about
+    loss = model(x).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss.item()
+    torch._lazy.mark_step()
 
 
 def test_ops_carry_the_user_line_and_device_data_none(lazy_level):

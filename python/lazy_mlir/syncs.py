@@ -91,11 +91,13 @@ _warned: set[str] = set()
 execution = 0  # serial number of the graph execution running now (or last), never reset
 
 
-def on_execute() -> bool:
+def on_execute(draws: bool = False) -> bool:
     """Before a graph execution. From mark_step: nothing to say. From any other
     Python code: a value was read mid-step (or an op fell back to the CPU,
     which reads its inputs). From LTC's IO thread (no Python caller, with
     ``ltc_thread_pool``): mark_step's and value reads cannot be told apart.
+    ``draws``: the graph runs random ops (dropout's bernoulli...): read
+    mid-step, they warn (see ``_warn_redraw``).
     Returns True under mark_step: its sync takes every pending graph, which
     buffer donation relies on (lazy_backend/buffer_donation.h)."""
     global execution
@@ -112,8 +114,28 @@ def on_execute() -> bool:
     if marking or user is None:
         return marking
     metrics.count_sync(source)
+    if draws:
+        _warn_redraw(source)
     if config.current.level == "O2" and source not in _warned:
         _warned.add(source)
         warnings.warn(f"lazy_mlir O2: a value read at {source} executed the step traced so far as a graph "
                       "of its own: the step takes more than one graph execution", RuntimeWarning, stacklevel=2)
     return False
+
+
+_warned_redraw: set[str] = set()
+
+
+def _warn_redraw(source: str) -> None:
+    """A read mid-step ran random ops. LTC computes only the tensors read;
+    what else depends on the draws (the activations and masks saved for
+    backward, the gradients) stays pending and draws again, other numbers,
+    when the step's graph runs: it no longer matches the value read, nor
+    eager PyTorch's step. Once per source line."""
+    if source in _warned_redraw:
+        return
+    _warned_redraw.add(source)
+    warnings.warn(f"lazy_mlir: a value read at {source} ran random ops (dropout...) in a graph of its own; "
+                  "the tensors that still depend on them (saved activations, gradients) draw again when the "
+                  "step's graph runs, so they see other random numbers than the value read and than eager "
+                  "PyTorch. Read values after mark_step() to keep eager's draws", RuntimeWarning, stacklevel=3)
