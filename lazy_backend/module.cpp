@@ -3,6 +3,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/lazy/core/config.h>
+#include <torch/csrc/lazy/core/lazy_graph_executor.h>
 #include <torch/csrc/lazy/core/tensor.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -99,6 +100,10 @@ PYBIND11_MODULE(_C, m) {
                                       "state_signature.h).")
       .def(py::init<const py::list&, const py::list&>(), py::arg("dicts"), py::arg("entries"))
       .def("unchanged", &lazy_mlir::StateEntries::unchanged);
+  m.def(
+      "clear_computation_cache", [] { torch::lazy::LazyGraphExecutor::Get()->ClearComputationCache(); },
+      "Forget LTC's cached computations: a graph seen before is looked up and compiled as in a new process "
+      "(tests that clear lazy_mlir's own state too).");
   m.def("group_tensors_unfusable", &lazy_mlir::groupTensorsUnfusable, pybind11::arg("params"),
         pybind11::arg("state_steps"),
         "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");
