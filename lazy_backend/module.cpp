@@ -107,6 +107,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("group_tensors_unfusable", &lazy_mlir::groupTensorsUnfusable, pybind11::arg("params"),
         pybind11::arg("state_steps"),
         "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");
+  m.def("collect_adam_group", &lazy_mlir::collectAdamGroup, py::arg("params"), py::arg("state"), py::arg("amsgrad"),
+        py::arg("params_with_grad"), py::arg("grads"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"),
+        py::arg("max_exp_avg_sqs"), py::arg("state_steps"),
+        "Adam._init_group's lists for a group whose states all exist: has_complex, or None with the lists "
+        "untouched (see optimizer_checks.h).");
   m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
         "Lazy kernels for ones_like, zeros_like, full_like, zero and zero_ (an expanded scalar), slice_backward and "
         "select_backward (see fill_kernels.h).");

@@ -305,3 +305,26 @@ def test_results_go_into_the_lazy_tensors_the_state_has(lazy_level, case):
     assert all(n <= 1 for n in created[1:]), (created, results)  # not one per result
     # SGD's first step makes its buffers (other math): its second graph is the steady one
     assert misses == ([1, 0, 0, 0] if case == "adamw" else [1, 1, 0, 0]), misses
+
+
+def test_adams_lists_are_collected_as_torch_collects_them():
+    """_C.collect_adam_group against Adam._init_group itself (CPU tensors:
+    it reads no device), and None with the lists untouched where torch's
+    own must run: a state not made yet, a sparse gradient."""
+    from lazy_mlir import _C
+    from lazy_mlir.fused_optimizer import _original_adam_init_group
+
+    params = [torch.nn.Parameter(torch.randn(3)) for _ in range(3)]
+    opt = torch.optim.AdamW(params, amsgrad=True)
+    for p in params[:2]:  # the third has no gradient: not collected
+        p.grad = torch.randn(3)
+    lists = [[] for _ in range(6)]
+    assert _C.collect_adam_group(params, opt.state, True, *lists) is None  # first step: no state yet
+    assert lists == [[]] * 6 and len(opt.state) == 0  # nothing appended, nothing inserted
+    expected = [[] for _ in range(6)]
+    _original_adam_init_group(opt, opt.param_groups[0], *expected)  # makes the states
+    assert _C.collect_adam_group(params, opt.state, True, *lists) is False  # has_complex
+    assert [[id(t) for t in ts] for ts in lists] == [[id(t) for t in ts] for ts in expected]
+    params[1].grad = torch.randn(3).to_sparse()
+    untouched = [[] for _ in range(6)]
+    assert _C.collect_adam_group(params, opt.state, True, *untouched) is None and untouched == [[]] * 6
