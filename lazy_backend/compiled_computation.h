@@ -7,9 +7,13 @@
 // misses which parameter each shared device-data use reads
 // (parameter_binding.h): the computation remembers the binding it was
 // lowered for and keeps variants for the other bindings met under its hash.
+// It also knows whether its glue graph runs random ops (syncs.py warns when
+// a value read mid-step does), found once here rather than at every run.
 #pragma once
 
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
+
+#include <algorithm>
 
 #include <functional>
 #include <map>
@@ -18,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "draw_order.h"
 #include "parameter_binding.h"
 
 namespace lazy_mlir {
@@ -29,9 +34,15 @@ class CompiledComputation : public torch::lazy::TSComputation {
 
   CompiledComputation(std::shared_ptr<torch::jit::Graph> glue, std::shared_ptr<torch::jit::Graph> source,
                       std::string config_key)
-      : TSComputation(glue), source_(std::move(source)), config_key_(std::move(config_key)) {}
+      : TSComputation(glue),
+        source_(std::move(source)),
+        config_key_(std::move(config_key)),
+        // random ops stay in the glue graph (never in a compiled group): its top level is enough
+        draws_random_(std::any_of(glue->nodes().begin(), glue->nodes().end(),
+                                  [](const torch::jit::Node* node) { return isRandomOp(node->kind()); })) {}
 
   const std::string& configKey() const { return config_key_; }
+  bool drawsRandom() const { return draws_random_; }
 
   // Per graph input, the compiled-group call it may be donated to, -1 if
   // none; empty when no group takes a donation (buffer_donation.h).
@@ -66,6 +77,7 @@ class CompiledComputation : public torch::lazy::TSComputation {
  private:
   std::shared_ptr<torch::jit::Graph> source_;  // the LTC graph (a private copy)
   std::string config_key_;
+  bool draws_random_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<CompiledComputation>> variants_;
   GraphBinding binding_;

@@ -39,17 +39,6 @@ bool reportExecution(bool draws) {
   return marking.is(pybind11::bool_(true));
 }
 
-// Whether a computation's TorchScript graph runs a random op. They stay in
-// the glue graph (never in a compiled group), so its top level is enough.
-bool drawsRandom(const torch::lazy::ComputationPtr& computation) {
-  auto ts = std::dynamic_pointer_cast<torch::lazy::TSComputation>(computation);
-  if (!ts) return false;
-  for (const torch::jit::Node* node : ts->graph()->nodes()) {
-    if (isRandomOp(node->kind())) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 LazyMlirBackend::LazyMlirBackend(const torch::lazy::BackendImplInterface* ts) : ts_(ts) {}
@@ -184,10 +173,11 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
 std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {
-  const bool marking = reportExecution(drawsRandom(computation));
+  auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation);
+  const bool marking = reportExecution(compiled && compiled->drawsRandom());
   const int64_t start = nowNs();
   DeadBuffers dead;
-  if (auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation)) {
+  if (compiled) {
     // LTC's cache hit may be a graph that reads the parameters at other uses
     // (parameter_binding.h): run the variant lowered for this sync's graph.
     SyncRecord& record = SyncRecord::current();
