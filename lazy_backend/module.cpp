@@ -88,7 +88,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_region", &lazy_mlir::makeRegion, "Record a sequence of aten ops to replay as one IR node (region_node.h).",
         py::arg("name"), py::arg("num_inputs"), py::arg("ops"), py::arg("outputs"), py::arg("output_shapes"));
   m.def("trace_region", &lazy_mlir::traceRegion, "Trace a recorded region over lazy tensors as one IR node.",
-        py::arg("region"), py::arg("inputs"), py::arg("plain_from") = -1);
+        py::arg("region"), py::arg("inputs"));
+  py::class_<lazy_mlir::SavedValues, std::shared_ptr<lazy_mlir::SavedValues>>(
+      m, "SavedValues", "What a forward region saves for its backward region (region_node.h).")
+      .def("__len__", &lazy_mlir::SavedValues::size)
+      .def_property_readonly("released", &lazy_mlir::SavedValues::released)
+      .def("tensors", &lazy_mlir::SavedValues::tensors);
+  m.def("trace_region_saving", &lazy_mlir::traceRegionSaving,
+        "Trace a forward region: its outputs [saved_begin, saved_end) as SavedValues, the others as tensors.",
+        py::arg("region"), py::arg("inputs"), py::arg("saved_begin"), py::arg("saved_end"));
+  m.def("trace_region_with_saved", &lazy_mlir::traceRegionWithSaved,
+        "Trace a backward region over a forward's SavedValues, then inputs.", py::arg("region"), py::arg("saved"),
+        py::arg("inputs"));
   m.def("store_leaf_grads", &lazy_mlir::storeLeafGrads, pybind11::arg("leaves"), pybind11::arg("grads"),
         "In a backward(): each leaf's gradient stored into its .grad where AccumulateGrad would store it as is "
         "(None returned in its place), the others returned (see leaf_grads.h).");

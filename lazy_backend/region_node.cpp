@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/lazy/core/ir_builder.h>
 #include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
 
 #include <sstream>
@@ -117,15 +118,15 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
   return region;
 }
 
-std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs,
-                                    int64_t plain_from) {
-  namespace fimpl = at::functionalization::impl;
-  TORCH_CHECK(inputs.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
-              region->num_inputs, " inputs, got ", inputs.size());
-  std::optional<torch::lazy::BackendDevice> device;
-  bool functional = false;
-  std::vector<torch::lazy::Value> operands;
-  operands.reserve(inputs.size());
+namespace {
+
+namespace fimpl = at::functionalization::impl;
+
+// The operands of a region node over `inputs` (appended to `operands`), the
+// device they are on, and whether they are functionalized.
+void appendOperands(const Region& region, const std::vector<at::Tensor>& inputs,
+                    std::vector<torch::lazy::Value>& operands, std::optional<torch::lazy::BackendDevice>& device,
+                    bool& functional) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     at::Tensor input = inputs[i];
     if (fimpl::isFunctionalTensor(input)) {
@@ -134,22 +135,101 @@ std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const
       input = fimpl::from_functional_tensor(input);
     }
     auto lazy = torch::lazy::TryGetLtcTensor(input);
-    TORCH_CHECK(lazy, "lazy_mlir: region ", region->name, ": input ", i, " is not a lazy tensor (",
-                input.device(), ")");
+    TORCH_CHECK(lazy, "lazy_mlir: region ", region.name, ": input ", i, " is not a lazy tensor (", input.device(),
+                ")");
     if (!device) device = lazy->GetDevice();
     operands.push_back(lazy->GetIrValue());
   }
+}
+
+torch::lazy::NodePtr makeNode(const std::shared_ptr<Region>& region, std::vector<torch::lazy::Value> operands,
+                              const std::optional<torch::lazy::BackendDevice>& device) {
+  TORCH_CHECK(operands.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
+              region->num_inputs, " inputs, got ", operands.size());
   TORCH_CHECK(device, "lazy_mlir: region ", region->name, " called without inputs");
-  auto node = torch::lazy::MakeNode<RegionNode>(region, operands);
+  return torch::lazy::MakeNode<RegionNode>(region, operands);
+}
+
+// Outputs [begin, end) of `node` as aten lazy tensors, functionalized if
+// the inputs were.
+std::vector<at::Tensor> outputTensors(const torch::lazy::NodePtr& node, size_t begin, size_t end,
+                                      const torch::lazy::BackendDevice& device, bool functional) {
   std::vector<at::Tensor> results;
-  results.reserve(region->outputs.size());
-  for (size_t i = 0; i < region->outputs.size(); ++i) {
+  results.reserve(end - begin);
+  for (size_t i = begin; i < end; ++i) {
     at::Tensor out = torch::lazy::CreateAtenFromLtcTensor(
-        torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device));
-    const bool plain = plain_from >= 0 && static_cast<int64_t>(i) >= plain_from;
-    results.push_back(functional && !plain ? fimpl::to_functional_tensor(out) : out);
+        torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), device));
+    results.push_back(functional ? fimpl::to_functional_tensor(out) : out);
   }
   return results;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs) {
+  std::optional<torch::lazy::BackendDevice> device;
+  bool functional = false;
+  std::vector<torch::lazy::Value> operands;
+  operands.reserve(inputs.size());
+  appendOperands(*region, inputs, operands, device, functional);
+  auto node = makeNode(region, std::move(operands), device);
+  return outputTensors(node, 0, region->outputs.size(), *device, functional);
+}
+
+std::pair<std::vector<at::Tensor>, std::shared_ptr<SavedValues>> traceRegionSaving(
+    const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs, size_t saved_begin,
+    size_t saved_end) {
+  const size_t num_outputs = region->outputs.size();
+  TORCH_CHECK(saved_begin <= saved_end && saved_end <= num_outputs, "lazy_mlir: region ", region->name, " has ",
+              num_outputs, " outputs, cannot save [", saved_begin, ", ", saved_end, ")");
+  std::optional<torch::lazy::BackendDevice> device;
+  bool functional = false;
+  std::vector<torch::lazy::Value> operands;
+  operands.reserve(inputs.size());
+  appendOperands(*region, inputs, operands, device, functional);
+  auto node = makeNode(region, std::move(operands), device);
+  std::vector<torch::lazy::LazyTensorPtr> saved;
+  saved.reserve(saved_end - saved_begin);
+  for (size_t i = saved_begin; i < saved_end; ++i) {
+    saved.push_back(torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device));
+  }
+  auto outputs = outputTensors(node, 0, saved_begin, *device, functional);
+  auto after = outputTensors(node, saved_end, num_outputs, *device, functional);
+  outputs.insert(outputs.end(), after.begin(), after.end());
+  return {std::move(outputs), std::make_shared<SavedValues>(std::move(saved))};
+}
+
+std::vector<torch::lazy::Value> SavedValues::take() {
+  TORCH_CHECK(!released_, "Trying to backward through the graph a second time (or directly access saved tensors "
+              "after they have already been freed). Saved intermediate values of the graph are freed when you call "
+              ".backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph "
+              "a second time or if you need to access saved tensors after calling backward.");
+  std::vector<torch::lazy::Value> values;
+  values.reserve(values_.size());
+  for (const auto& value : values_) values.push_back(value->GetIrValue());
+  if (!torch::autograd::get_current_graph_task_keep_graph()) {
+    values_.clear();
+    released_ = true;
+  }
+  return values;
+}
+
+std::vector<at::Tensor> SavedValues::tensors() const {
+  std::vector<at::Tensor> tensors;
+  for (const auto& value : values_) tensors.push_back(torch::lazy::CreateAtenFromLtcTensor(value));
+  return tensors;
+}
+
+std::vector<at::Tensor> traceRegionWithSaved(const std::shared_ptr<Region>& region,
+                                             const std::shared_ptr<SavedValues>& saved,
+                                             const std::vector<at::Tensor>& inputs) {
+  std::optional<torch::lazy::BackendDevice> device;
+  bool functional = false;
+  std::vector<torch::lazy::Value> operands = saved->take();
+  operands.reserve(operands.size() + inputs.size());
+  appendOperands(*region, inputs, operands, device, functional);
+  auto node = makeNode(region, std::move(operands), device);
+  return outputTensors(node, 0, region->outputs.size(), *device, functional);
 }
 
 }  // namespace lazy_mlir

@@ -10,6 +10,8 @@
 
 #include "builtin_op_node.h"
 
+#include <torch/csrc/lazy/core/tensor.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,11 +58,40 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
                                    const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& output_shapes);
 
 // Traces one RegionNode over `inputs` (lazy tensors, functionalized or not)
-// and returns its outputs, functionalized like the inputs, but for those
-// from `plain_from` on: plain lazy tensors, for outputs that only another
-// region reads (a forward's saved activations: no wrapper made per output
-// and unwrapped again by the backward).
-std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs,
-                                    int64_t plain_from = -1);
+// and returns its outputs, functionalized like the inputs.
+std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs);
+
+// What a forward region saves for its backward region: its outputs from the
+// user's on, held as lazy tensors only. They are live tensors, so that a sync
+// before the backward computes them with the forward and the backward reads
+// them as data; but no aten tensor, Python object or SavedVariable is made
+// per value (a CNN saves ~100 per step).
+class SavedValues {
+ public:
+  explicit SavedValues(std::vector<torch::lazy::LazyTensorPtr> values) : values_(std::move(values)) {}
+  size_t size() const { return values_.size(); }
+  bool released() const { return released_; }
+  // The values as the backward region's first operands; then, as autograd
+  // frees saved tensors after a backward that keeps no graph, dropped (the
+  // step's graph would otherwise also return them while the loss lives).
+  std::vector<torch::lazy::Value> take();
+  // As aten lazy tensors (tests, debugging).
+  std::vector<at::Tensor> tensors() const;
+
+ private:
+  std::vector<torch::lazy::LazyTensorPtr> values_;
+  bool released_ = false;
+};
+
+// Traces a forward region: returns its outputs [saved_begin, saved_end) as
+// SavedValues, the others in order as traceRegion does.
+std::pair<std::vector<at::Tensor>, std::shared_ptr<SavedValues>> traceRegionSaving(
+    const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs, size_t saved_begin,
+    size_t saved_end);
+
+// Traces a backward region over `saved`'s values followed by `inputs`.
+std::vector<at::Tensor> traceRegionWithSaved(const std::shared_ptr<Region>& region,
+                                             const std::shared_ptr<SavedValues>& saved,
+                                             const std::vector<at::Tensor>& inputs);
 
 }  // namespace lazy_mlir

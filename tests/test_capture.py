@@ -99,11 +99,12 @@ def test_dropout_draws_what_eager_draws(lazy_level):
     assert metrics.snapshot()["captured_calls"] == 3
 
 
-def test_saved_values_are_plain_lazy_tensors_and_survive_a_sync_before_backward(lazy_level):
-    """A direct replay saves its forward's values for the backward as plain
-    lazy tensors (no functionalization wrapper each, region_node.h); a
+def test_saved_values_are_lazy_tensors_only_and_survive_a_sync_before_backward(lazy_level):
+    """A direct replay saves its forward's values for the backward as lazy
+    tensors only (no aten tensor or SavedVariable each, region_node.h); a
     mark_step between forward and backward computes them with the forward
-    (the dropout masks eager drew), and the backward reads them as data."""
+    (the dropout masks eager drew), the backward reads them as data, and
+    then drops them."""
     torch.manual_seed(0)
     x, y = torch.randn(4, 32, dtype=torch.float64), torch.tensor([1, 2, 3, 4])
     grads = {}
@@ -111,17 +112,44 @@ def test_saved_values_are_plain_lazy_tensors_and_survive_a_sync_before_backward(
         model = dropout_mlp(7)().to(device)
         loss = model(x.to(device), y.to(device))
         if device.type == "lazy":
-            saved = loss.grad_fn.saved_tensors
-            assert saved and not any(torch._is_functional_tensor(t) for t in saved)
-            del saved
+            saved = loss.grad_fn.saved
+            assert len(saved) > 0 and loss.grad_fn.saved_tensors == ()
+            assert not any(torch._is_functional_tensor(t) for t in saved.tensors())
             metrics.reset()
             torch._lazy.mark_step()  # the forward runs, its saved values become data
             assert metrics.snapshot()["graph_executions"] == 1, metrics.report()
         loss.backward()
         if device.type == "lazy":
+            assert saved.released and len(saved) == 0
             assert all(torch._is_functional_tensor(p.grad) for p in model.parameters())
+            metrics.reset()
             torch._lazy.mark_step()
+            # the backward's graph: computed from the saved values as data, not a rerun of the forward
+            assert metrics.snapshot()["graph_executions"] == 1, metrics.report()
         grads[device.type] = {n: p.grad.cpu() for n, p in model.named_parameters()}
+    for name, g in grads["cpu"].items():
+        torch.testing.assert_close(grads["lazy"][name], g, **FP64, msg=name)
+
+
+def test_retain_graph_keeps_the_saved_values(lazy_level):
+    """backward(retain_graph=True) keeps what the forward saved, as autograd
+    does, so a second backward accumulates the same gradients; a backward
+    after one that kept no graph raises autograd's error."""
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 32, dtype=torch.float64), torch.tensor([1, 2, 3, 4])
+    grads = {}
+    for device in (CPU, LAZY):
+        model = (captured(make_mlp) if device.type == "lazy" else lambda: make_mlp().double())().to(device)
+        loss = model(x.to(device), y.to(device))
+        loss.backward(retain_graph=True)
+        loss.backward()
+        if device.type == "lazy":
+            assert loss.grad_fn.saved.released
+            torch._lazy.mark_step()
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                loss.backward()
+        grads[device.type] = {n: p.grad.cpu() for n, p in model.named_parameters()}
+    assert metrics.snapshot()["captured_calls"] == 1
     for name, g in grads["cpu"].items():
         torch.testing.assert_close(grads["lazy"][name], g, **FP64, msg=name)
 

@@ -240,15 +240,34 @@ class _Replay:
         args.clear()  # boxed convention: the inputs are not held past the call
         return results
 
-    def run(self, args, plain_from: int = -1) -> tuple:
+    def run(self, args) -> tuple:
         """The region traced on lazy ``args``: the graph's outputs, the inputs
-        it writes updated. Outputs from ``plain_from`` on (a region output
-        index) are plain lazy tensors, not functionalized (region_node.h)."""
-        outs = _C.trace_region(self.region, [*args, *self.constants], plain_from)
+        it writes updated."""
+        outs = _C.trace_region(self.region, [*args, *self.constants])
+        self._write(args, outs)
+        return tuple(None if p is None else outs[p] for p in self.positions)
+
+    def run_saving(self, args, n_user: int) -> tuple[list, "_C.SavedValues"]:
+        """A direct replay's forward (every graph output a region output, in
+        order): its first ``n_user`` outputs, and the values it saves for the
+        backward, held as lazy tensors only (region_node.h)."""
+        n_saved = len(self.positions) - n_user
+        outs, saved = _C.trace_region_saving(self.region, [*args, *self.constants], n_user, n_user + n_saved)
+        self._write(args, outs, removed=n_saved)  # outs: the user's outputs, then the written values
+        return outs[:n_user], saved
+
+    def run_with_saved(self, saved: "_C.SavedValues", args) -> tuple:
+        """A direct replay's backward: the graph over the forward's saved
+        values, then ``args`` (it writes no input, see _replays_directly)."""
+        outs = _C.trace_region_with_saved(self.region, saved, [*args, *self.constants])
+        return tuple(None if p is None else outs[p] for p in self.positions)
+
+    def _write(self, args, outs, removed: int = 0) -> None:
+        """The inputs the graph writes updated with their new values (region
+        outputs, ``removed`` fewer before them in ``outs``)."""
         if self.written:
             _C.functional_replace([args[i] for i, _ in self.written],
-                                  _C.functional_values([outs[k] for _, k in self.written]))
-        return tuple(None if p is None else outs[p] for p in self.positions)
+                                  _C.functional_values([outs[k - removed] for _, k in self.written]))
 
 
 # ------------------------------------------------------------ direct replay
@@ -261,17 +280,16 @@ class _Direct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, record, *inputs):
-        # the saved values only reach the backward's region: plain lazy tensors
-        # (the graph's outputs are the region's first ones, see _replays_directly)
-        values = record.replays["forward"].run(inputs, plain_from=record.n_user)
-        # saved as autograd saves them: freed by the backward (unless
-        # retain_graph), so that the step's graph does not also return
-        # every activation because the loss still holds them at mark_step
+        # the saved values only reach the backward's region: held as lazy
+        # tensors, no tensor or SavedVariable each, and dropped by the
+        # backward (unless retain_graph), so that the step's graph does not
+        # also return every activation because the loss still holds them at
+        # mark_step (see _C.SavedValues)
+        outputs, ctx.saved = record.replays["forward"].run_saving(inputs, record.n_user)
         ctx.record = record
-        ctx.save_for_backward(*values[record.n_user:])
         # the parameters: their gradients skip AccumulateGrad's detach where it would store them as is
         ctx.leaves = [t if t.is_leaf and t.requires_grad else None for t in inputs]
-        return values[:record.n_user]
+        return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -282,7 +300,7 @@ class _Direct(torch.autograd.Function):
 
 @torch.autograd.function.once_differentiable
 def _direct_backward(ctx, *grads):
-    grads = ctx.record.replays["backward"].run([*ctx.saved_tensors, *grads])
+    grads = ctx.record.replays["backward"].run_with_saved(ctx.saved, grads)
     if ctx.create_graph:  # AccumulateGrad then stores a clone
         return (None, *grads)
     return (None, *_C.store_leaf_grads(ctx.leaves, list(grads)))
@@ -292,7 +310,7 @@ def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) ->
     """Whether AOTAutograd's wrappers would do nothing but pass values
     through: the forward graph returns the user's outputs (``outputs``:
     their fakes) then exactly what the backward graph takes before its
-    tangents; every output is a floating-point tensor with a tangent, none a
+    tangents, and the backward writes no input; every output is a floating-point tensor with a tangent, none a
     view of an input (AOTAutograd regenerates those), and the backward
     returns one gradient per forward input."""
     n_user = len(outputs)
@@ -303,7 +321,7 @@ def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) ->
     tangents = [n for n in bw_inputs if n.name.startswith("tangents")]
     n_saved = len(bw_inputs) - len(tangents)
     if (len(tangents) != n_user or bw_inputs[n_saved:] != tangents or len(fw_results) != n_user + n_saved
-            or len(bw_results) != len(fw_inputs) or any(p is None for p in forward.positions)):
+            or len(bw_results) != len(fw_inputs) or any(p is None for p in forward.positions) or backward.written):
         return False
     if not all(isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad for o in outputs):
         return False
