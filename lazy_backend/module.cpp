@@ -97,9 +97,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("trace_region_saving", &lazy_mlir::traceRegionSaving,
         "Trace a forward region: its outputs [saved_begin, saved_end) as SavedValues, the others as tensors.",
         py::arg("region"), py::arg("inputs"), py::arg("saved_begin"), py::arg("saved_end"));
-  m.def("trace_region_with_saved", &lazy_mlir::traceRegionWithSaved,
-        "Trace a backward region over a forward's SavedValues, then inputs.", py::arg("region"), py::arg("saved"),
-        py::arg("inputs"));
+  m.def("replay_backward", &lazy_mlir::replayBackward,
+        "A direct replay's backward: the region over a forward's SavedValues, the gradients and constants; "
+        "returns each forward input's gradient, the leaves' stored into .grad unless create_graph "
+        "(region_node.h).", py::arg("region"), py::arg("saved"), py::arg("grads"), py::arg("constants"),
+        py::arg("positions"), py::arg("create_graph"));
   m.def("store_leaf_grads", &lazy_mlir::storeLeafGrads, pybind11::arg("leaves"), pybind11::arg("grads"),
         "In a backward(): each leaf's gradient stored into its .grad where AccumulateGrad would store it as is "
         "(None returned in its place), the others returned (see leaf_grads.h).");

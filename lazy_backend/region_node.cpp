@@ -1,5 +1,7 @@
 #include "region_node.h"
 
+#include "leaf_grads.h"
+
 #include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/lazy/core/ir_builder.h>
@@ -193,10 +195,15 @@ std::pair<std::vector<at::Tensor>, std::shared_ptr<SavedValues>> traceRegionSavi
   for (size_t i = saved_begin; i < saved_end; ++i) {
     saved.push_back(torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device));
   }
+  std::vector<std::optional<at::Tensor>> leaves;
+  leaves.reserve(inputs.size());
+  for (const at::Tensor& input : inputs) {
+    leaves.push_back(input.is_leaf() && input.requires_grad() ? std::optional<at::Tensor>(input) : std::nullopt);
+  }
   auto outputs = outputTensors(node, 0, saved_begin, *device, functional);
   auto after = outputTensors(node, saved_end, num_outputs, *device, functional);
   outputs.insert(outputs.end(), after.begin(), after.end());
-  return {std::move(outputs), std::make_shared<SavedValues>(std::move(saved))};
+  return {std::move(outputs), std::make_shared<SavedValues>(std::move(saved), std::move(leaves))};
 }
 
 std::vector<torch::lazy::Value> SavedValues::take() {
@@ -220,16 +227,32 @@ std::vector<at::Tensor> SavedValues::tensors() const {
   return tensors;
 }
 
-std::vector<at::Tensor> traceRegionWithSaved(const std::shared_ptr<Region>& region,
-                                             const std::shared_ptr<SavedValues>& saved,
-                                             const std::vector<at::Tensor>& inputs) {
+std::vector<std::optional<at::Tensor>> replayBackward(const std::shared_ptr<Region>& region,
+                                                      const std::shared_ptr<SavedValues>& saved,
+                                                      const std::vector<at::Tensor>& grads,
+                                                      const std::vector<at::Tensor>& constants,
+                                                      const std::vector<std::optional<size_t>>& positions,
+                                                      bool create_graph) {
   std::optional<torch::lazy::BackendDevice> device;
   bool functional = false;
   std::vector<torch::lazy::Value> operands = saved->take();
-  operands.reserve(operands.size() + inputs.size());
-  appendOperands(*region, inputs, operands, device, functional);
+  operands.reserve(operands.size() + grads.size() + constants.size());
+  appendOperands(*region, grads, operands, device, functional);
+  appendOperands(*region, constants, operands, device, functional);
   auto node = makeNode(region, std::move(operands), device);
-  return outputTensors(node, 0, region->outputs.size(), *device, functional);
+  auto outputs = outputTensors(node, 0, region->outputs.size(), *device, functional);
+  std::vector<std::optional<at::Tensor>> results;
+  results.reserve(positions.size());
+  for (const auto& position : positions) {
+    results.push_back(position ? std::optional<at::Tensor>(outputs.at(*position)) : std::nullopt);
+  }
+  if (create_graph) return results;  // AccumulateGrad then stores a clone
+  const auto& leaves = saved->leaves();
+  TORCH_CHECK(leaves.size() >= results.size(), "lazy_mlir: region ", region->name, " returns ", results.size(),
+              " gradients for ", leaves.size(), " forward inputs");
+  std::vector<std::optional<at::Tensor>> arguments(leaves.begin(),
+                                                   leaves.begin() + static_cast<std::ptrdiff_t>(results.size()));
+  return storeLeafGrads(arguments, std::move(results));
 }
 
 }  // namespace lazy_mlir

@@ -13,6 +13,7 @@
 #include <torch/csrc/lazy/core/tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,18 +69,23 @@ std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const
 // per value (a CNN saves ~100 per step).
 class SavedValues {
  public:
-  explicit SavedValues(std::vector<torch::lazy::LazyTensorPtr> values) : values_(std::move(values)) {}
+  SavedValues(std::vector<torch::lazy::LazyTensorPtr> values, std::vector<std::optional<at::Tensor>> leaves)
+      : values_(std::move(values)), leaves_(std::move(leaves)) {}
   size_t size() const { return values_.size(); }
   bool released() const { return released_; }
   // The values as the backward region's first operands; then, as autograd
   // frees saved tensors after a backward that keeps no graph, dropped (the
   // step's graph would otherwise also return them while the loss lives).
   std::vector<torch::lazy::Value> take();
+  // The forward's inputs that are leaves requiring a gradient (none for the
+  // others), for storeLeafGrads.
+  const std::vector<std::optional<at::Tensor>>& leaves() const { return leaves_; }
   // As aten lazy tensors (tests, debugging).
   std::vector<at::Tensor> tensors() const;
 
  private:
   std::vector<torch::lazy::LazyTensorPtr> values_;
+  std::vector<std::optional<at::Tensor>> leaves_;
   bool released_ = false;
 };
 
@@ -89,9 +95,16 @@ std::pair<std::vector<at::Tensor>, std::shared_ptr<SavedValues>> traceRegionSavi
     const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs, size_t saved_begin,
     size_t saved_end);
 
-// Traces a backward region over `saved`'s values followed by `inputs`.
-std::vector<at::Tensor> traceRegionWithSaved(const std::shared_ptr<Region>& region,
-                                             const std::shared_ptr<SavedValues>& saved,
-                                             const std::vector<at::Tensor>& inputs);
+// A direct replay's backward: the backward region traced over `saved`'s
+// values, `grads` and `constants`. Returns each forward input's gradient
+// (`positions`: its region output, or none); unless `create_graph`, those of
+// the forward's leaf inputs are stored into .grad where storeLeafGrads may
+// (leaf_grads.h) and returned as none.
+std::vector<std::optional<at::Tensor>> replayBackward(const std::shared_ptr<Region>& region,
+                                                      const std::shared_ptr<SavedValues>& saved,
+                                                      const std::vector<at::Tensor>& grads,
+                                                      const std::vector<at::Tensor>& constants,
+                                                      const std::vector<std::optional<size_t>>& positions,
+                                                      bool create_graph);
 
 }  // namespace lazy_mlir

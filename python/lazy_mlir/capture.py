@@ -249,18 +249,13 @@ class _Replay:
 
     def run_saving(self, args, n_user: int) -> tuple[list, "_C.SavedValues"]:
         """A direct replay's forward (every graph output a region output, in
-        order): its first ``n_user`` outputs, and the values it saves for the
-        backward, held as lazy tensors only (region_node.h)."""
+        order): its first ``n_user`` outputs, and what the backward needs:
+        the values it saves, held as lazy tensors only, and the inputs that
+        are leaves (region_node.h)."""
         n_saved = len(self.positions) - n_user
         outs, saved = _C.trace_region_saving(self.region, [*args, *self.constants], n_user, n_user + n_saved)
         self._write(args, outs, removed=n_saved)  # outs: the user's outputs, then the written values
         return outs[:n_user], saved
-
-    def run_with_saved(self, saved: "_C.SavedValues", args) -> tuple:
-        """A direct replay's backward: the graph over the forward's saved
-        values, then ``args`` (it writes no input, see _replays_directly)."""
-        outs = _C.trace_region_with_saved(self.region, saved, [*args, *self.constants])
-        return tuple(None if p is None else outs[p] for p in self.positions)
 
     def _write(self, args, outs, removed: int = 0) -> None:
         """The inputs the graph writes updated with their new values (region
@@ -287,8 +282,6 @@ class _Direct(torch.autograd.Function):
         # mark_step (see _C.SavedValues)
         outputs, ctx.saved = record.replays["forward"].run_saving(inputs, record.n_user)
         ctx.record = record
-        # the parameters: their gradients skip AccumulateGrad's detach where it would store them as is
-        ctx.leaves = [t if t.is_leaf and t.requires_grad else None for t in inputs]
         return tuple(outputs)
 
     @staticmethod
@@ -300,10 +293,11 @@ class _Direct(torch.autograd.Function):
 
 @torch.autograd.function.once_differentiable
 def _direct_backward(ctx, *grads):
-    grads = ctx.record.replays["backward"].run_with_saved(ctx.saved, grads)
-    if ctx.create_graph:  # AccumulateGrad then stores a clone
-        return (None, *grads)
-    return (None, *_C.store_leaf_grads(ctx.leaves, list(grads)))
+    # the parameters' gradients skip AccumulateGrad's detach where it would
+    # store them as is (unless create_graph: it then stores a clone)
+    backward = ctx.record.replays["backward"]
+    return (None, *_C.replay_backward(backward.region, ctx.saved, grads, backward.constants, backward.positions,
+                                      ctx.create_graph))
 
 
 def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) -> bool:
