@@ -278,6 +278,39 @@ def test_a_forward_that_reads_values_runs_op_by_op(lazy_level):
     assert "ReadsValues" in s["capture_refusals"]
 
 
+class KeywordInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, y=None, z=None):
+        out = self.fc(x)
+        if y is not None:
+            out = out + 3 * y
+        if z is not None:
+            out = out * z
+        return out
+
+
+def test_tensor_calls_keep_their_structure_per_keyword_names(lazy_level):
+    """A call with tensor arguments only keeps its pytree spec per argument
+    count and keyword names (CapturedForward._flatten): calls alike in
+    count but not in names or order still pass each tensor where it goes."""
+    torch.manual_seed(0)
+    eager = KeywordInputs().double()
+    model = lazy_mlir.capture(KeywordInputs().double().to(LAZY))
+    model.load_state_dict(eager.state_dict())
+    x, a, b = (torch.randn(4, 8, dtype=torch.float64) for _ in range(3))
+    calls = [((x,), {"y": a}), ((x,), {"z": a}), ((x, a), {}), ((x,), {"y": a, "z": b}), ((x,), {"z": b, "y": a}),
+             ((x, None, a), {}), ((x,), {"z": a})]
+    for args, kwargs in calls:
+        expected = eager(*args, **kwargs)
+        lazy = model(*(t if t is None else t.to(LAZY) for t in args), **{k: t.to(LAZY) for k, t in kwargs.items()})
+        torch._lazy.mark_step()
+        torch.testing.assert_close(lazy.cpu(), expected, **FP64, msg=f"{len(args)} args, {list(kwargs)}")
+    assert metrics.snapshot()["captured_calls"] == len(calls)
+
+
 class LogitsMLP(nn.Module):
     def __init__(self):
         super().__init__()
