@@ -13,6 +13,7 @@
 #include "parameter_binding.h"
 #include "python_hooks.h"
 #include "source_locations.h"
+#include "value_reads.h"
 
 namespace lazy_mlir {
 
@@ -30,12 +31,13 @@ NodeClass classifyInPython(torch::jit::Node* node) {
 // whose sync takes every live tensor's pending graph (so no graph left
 // behind reads this one's inputs later: buffer donation's premise).
 // `draws`: the graph runs random ops (a sync mid-step then warns: what
-// still depends on them draws again when the step's graph runs).
+// still depends on them draws again when the step's graph runs), unless
+// a read syncs every live tensor (value_reads.h).
 bool reportExecution(bool draws) {
   const auto& hook = PythonHooks::get().on_execute;
   if (!hook.defined()) return false;
   pybind11::gil_scoped_acquire gil;
-  const pybind11::object marking = hook.get()(draws);
+  const pybind11::object marking = hook.get()(draws && !syncingLiveTensorsForRead());
   return marking.is(pybind11::bool_(true));
 }
 

@@ -26,6 +26,7 @@
 #include "python_hooks.h"
 #include "region_node.h"
 #include "source_locations.h"
+#include "value_reads.h"
 
 namespace py = pybind11;
 using lazy_mlir::Level;
@@ -128,6 +129,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
         "Lazy kernels for ones_like, zeros_like, full_like, zero and zero_ (an expanded scalar), slice_backward and "
         "select_backward (see fill_kernels.h).");
+  m.def("register_value_read_kernels", &lazy_mlir::registerValueReadKernels,
+        "A Lazy kernel for _local_scalar_dense that syncs every live tensor first when the value read depends on "
+        "random draws (see value_reads.h).");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,

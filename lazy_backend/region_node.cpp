@@ -1,5 +1,6 @@
 #include "region_node.h"
 
+#include "draw_order.h"
 #include "leaf_grads.h"
 
 #include <ATen/FunctionalTensorWrapper.h>
@@ -9,6 +10,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace lazy_mlir {
@@ -45,6 +47,10 @@ std::string RegionNode::ToString() const {
   std::ostringstream ss;
   ss << TsNode::ToString() << ", region=" << region_->name << ", ops=" << region_->ops.size();
   return ss.str();
+}
+
+bool RegionNode::drawsRandom() const {
+  return std::any_of(region_->ops.begin(), region_->ops.end(), [](const RegionOp& op) { return isRandomOp(op.op); });
 }
 
 std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, const pybind11::list& ops,

@@ -46,6 +46,9 @@ class RegionNode : public torch::lazy::TsNode {
 
   std::string ToString() const override;
 
+  // Whether one of its ops draws random numbers (draw_order.h's kinds).
+  bool drawsRandom() const;
+
  private:
   std::shared_ptr<const Region> region_;
 };

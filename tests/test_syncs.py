@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import lazy_mlir
 from lazy_mlir import metrics, syncs
@@ -31,16 +32,53 @@ def test_value_reads_are_counted_by_user_source_line(lazy_level):
     assert positive == bool((x * 2).sum().cpu() > 0) and z >= 0
 
 
-def test_a_read_mid_step_that_runs_random_ops_warns(lazy_level):
-    """LTC computes only what is read: the dropout mask drawn for the loss is
-    drawn again, other numbers, for the gradients at mark_step (unlike
-    eager), so the read says so, naming the line. A read whose graph draws
-    nothing stays quiet."""
+def _dropout_step(device, read, captured=False):
+    """One fp64 training step of a dropout MLP with eager's masks, the loss
+    read by ``read`` between forward and backward: (value read, gradients)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, 3)).double().to(device)
+    if captured:
+        lazy_mlir.capture(model)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g)
+    torch.manual_seed(5)  # the masks
+    loss = F.cross_entropy(model(x.to(device)), y.to(device))
+    value = read(loss)
+    loss.backward()
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    return value, [p.grad.cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["op-by-op", "captured"])
+def test_an_item_mid_step_keeps_eagers_draws(lazy_level, captured):
+    """loss.item() between a dropout forward and mark_step: LTC alone would
+    compute only the loss, and draw the masks again, other numbers, for the
+    gradients at mark_step. The read syncs every live tensor first
+    (value_reads.h), so the step keeps eager's draws: the value read and
+    the gradients equal eager's, in two graphs, without a warning."""
+    read = lambda loss: loss.item()  # noqa: E731
+    eager_value, eager_grads = _dropout_step(torch.device("cpu"), read)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value, grads = _dropout_step(LAZY, read, captured)
+    assert value == pytest.approx(eager_value, rel=1e-12)
+    for lazy_grad, eager_grad in zip(grads, eager_grads):
+        torch.testing.assert_close(lazy_grad, eager_grad, rtol=1e-12, atol=1e-12)
+    s = metrics.snapshot()
+    assert s["graph_executions"] == 2 and sum(s["syncs"].values()) == 1, metrics.report()
+    assert s["captured_calls"] == (1 if captured else 0)
+
+
+def test_other_reads_mid_step_that_run_random_ops_warn(lazy_level):
+    """.cpu() keeps LTC's own kernel, which computes only the tensor read:
+    the masks drawn for it are drawn again for the gradients, so the read
+    says so, naming the line. A read whose graph draws nothing stays quiet."""
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 1)).double().to(LAZY)
     x = torch.randn(4, 8, dtype=torch.float64).to(LAZY)
     loss = model(x).sum()
     with pytest.warns(RuntimeWarning, match=r"value read at .*test_syncs.py:\d+ .*ran random ops") as caught:
-        loss.item()
+        loss.cpu()
     assert len(caught) == 1 and caught[0].filename == __file__, [str(w.message) for w in caught]
     loss.backward()
     torch._lazy.mark_step()
@@ -48,6 +86,7 @@ def test_a_read_mid_step_that_runs_random_ops_warns(lazy_level):
     loss = model(x).sum()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        loss.cpu()
         loss.item()
     torch._lazy.mark_step()
 

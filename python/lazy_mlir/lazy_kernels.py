@@ -668,6 +668,7 @@ def install() -> None:
         return
     _LIB = torch.library.Library("aten", "IMPL")
     _C.register_fill_kernels()  # before the composite ops are looked for below: these are not among them
+    _C.register_value_read_kernels()  # item() of a value that depends on random draws
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
         _LIB.impl(name, fn, "Lazy")

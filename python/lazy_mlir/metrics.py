@@ -37,8 +37,6 @@ _capture_refusals: dict[str, str] = {}  # module class -> why its forward runs o
 _setup: collections.Counter = collections.Counter()
 _SETUP_LTC_COUNTERS = ("MarkStep", "UncachedCompile", "CachedCompile")
 
-# LTC counters that are syncs the user asked for, not fallbacks.
-_USER_SYNCS = {"aten::_local_scalar_dense"}
 # LTC counts a view op's eager fallback before refusing it; lazy_kernels
 # catches that refusal and traces the op another way: not a fallback.
 _refused: collections.Counter = collections.Counter()
@@ -180,7 +178,7 @@ def ltc_fallback_counts() -> dict[str, int]:
     with _lock:
         refused = dict(_refused)
     counts = {name: _ltc_counter(name) - refused.get(name, 0) for name in ltc_metrics.counter_names()
-              if name.startswith("aten::") and name not in _USER_SYNCS}
+              if name.startswith("aten::")}
     return {name: n for name, n in counts.items() if n > 0}
 
 
@@ -225,7 +223,6 @@ def snapshot() -> dict:
         "fallback_sources": fallback_sources,
         # graph executions outside mark_step (value reads, fallbacks), by user source line
         "syncs": syncs,
-        "user_syncs": sum(_ltc_counter(n) for n in _USER_SYNCS),
         "groups_built": stats["groups_built"],
         "groups_rejected": stats["groups_rejected"],
         "groups_per_graph": dict(groups_per_graph),

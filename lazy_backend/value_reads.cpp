@@ -1,0 +1,57 @@
+#include "value_reads.h"
+
+#include <torch/csrc/lazy/core/ir_util.h>
+#include <torch/csrc/lazy/core/lazy_graph_executor.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/library.h>
+
+#include "draw_order.h"
+#include "region_node.h"
+
+namespace lazy_mlir {
+
+namespace {
+
+thread_local bool t_syncing_live = false;
+
+at::Scalar localScalarDense(const at::Tensor& self) {
+  auto lazy = torch::lazy::TryGetLtcTensor(self);
+  TORCH_CHECK(lazy, "lazy_mlir: _local_scalar_dense on a tensor that is not lazy (", self.device(), ")");
+  if (!lazy->CurrentDataHandle() && !lazy->CurrentTensorData() && dependsOnDraws(lazy->GetIrValue().node.get())) {
+    const torch::lazy::BackendDevice device = lazy->GetDevice();
+    t_syncing_live = true;
+    try {
+      torch::lazy::LazyGraphExecutor::Get()->SyncLiveTensorsGraph(&device, /*devices=*/{}, /*wait=*/true);
+    } catch (...) {
+      t_syncing_live = false;
+      throw;
+    }
+    t_syncing_live = false;
+  }
+  // what LTC's eager fallback does: the value on the host, read there
+  return lazy->ToTensor(/*detached=*/true).item();
+}
+
+}  // namespace
+
+bool dependsOnDraws(const torch::lazy::Node* node) {
+  for (const torch::lazy::Node* n : torch::lazy::Util::ComputePostOrder(node)) {
+    if (isRandomOp(n->op().op)) return true;
+    if (const auto* region = dynamic_cast<const RegionNode*>(n); region && region->drawsRandom()) return true;
+  }
+  return false;
+}
+
+bool syncingLiveTensorsForRead() { return t_syncing_live; }
+
+void registerValueReadKernels() {
+  static const bool registered = [] {
+    // The library must outlive its registrations: kept for the process.
+    auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Lazy, __FILE__, __LINE__);
+    library->impl("_local_scalar_dense", TORCH_FN(localScalarDense));
+    return true;
+  }();
+  (void)registered;
+}
+
+}  // namespace lazy_mlir

@@ -1,0 +1,34 @@
+// ValueReads: `.item()` on a lazy tensor whose value is still pending and
+// depends on random draws (a loss read between a dropout forward and
+// mark_step) first syncs every live tensor, as mark_step does.
+//
+// LTC computes only the tensors a read asks for. Everything else that
+// depends on the same draws (the masks and activations saved for backward,
+// the gradients) would stay pending and draw again, other numbers, when the
+// step's graph runs: the step would match neither the value read nor eager
+// PyTorch. Synced together, they become data and the later graph reads them.
+// A read whose graph draws nothing keeps LTC's partial sync (cheaper: no
+// activation becomes an output).
+//
+// Only `_local_scalar_dense` (item(), float(t), bool(t)) has no Lazy kernel
+// of LTC's own, so only it can be intercepted: other reads (`.cpu()`,
+// printing) keep LTC's kernels, and the backend still warns when one of
+// them runs random ops (syncs.on_execute).
+#pragma once
+
+namespace torch::lazy {
+class Node;
+}
+
+namespace lazy_mlir {
+
+// Whether the graph computing `node` contains a random op (draw_order.h's
+// kinds), inside recorded regions too.
+bool dependsOnDraws(const torch::lazy::Node* node);
+
+// True while a read syncs every live tensor (its executions redraw nothing).
+bool syncingLiveTensorsForRead();
+
+void registerValueReadKernels();
+
+}  // namespace lazy_mlir
