@@ -176,3 +176,40 @@ def test_captured_model_matches_eager(lazy_o1, v, shapes):
     steady = captured.phases["steady"]
     assert steady["compiles"] == steady["capture_records"] == 0, captured.reports["steady"]
     assert steady["compiled_group_calls"] > 0, captured.reports["steady"]
+
+
+def test_an_item_mid_step_keeps_eagers_dropout_draws(lazy_o1):
+    """HF BERT with dropout 0.1, its loss function captured, the loss read
+    with .item() before backward: the read syncs the whole step first
+    (lazy_backend/value_reads.h), so the value read and the gradients are
+    eager's (LTC alone would draw the masks again for the gradients)."""
+    import warnings
+
+    v = zoo.base_variant("bert", dropout=0.1)
+    spec = zoo.SPECS["bert"]
+    batch = zoo.batches(v, 1)[0]
+    results = {}
+    for device in (CPU, training.LAZY):
+        model = zoo.make_model(v).to(device)
+        model.train()
+        loss_of = lambda *b, model=model: spec.loss(model, *b)  # noqa: E731
+        if device.type == "lazy":
+            loss_of = lazy_mlir.capture(loss_of, modules=[model])
+            lazy_mlir.metrics.reset()
+        torch.manual_seed(3)  # the masks
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = loss_of(*(t.to(device) for t in batch))
+            value = loss.item()
+        assert not [str(w.message) for w in caught if "random ops" in str(w.message)]
+        loss.backward()
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+            s = lazy_mlir.metrics.snapshot()
+            assert s["graph_executions"] == 2 and s["captured_calls"] == 1, lazy_mlir.metrics.report()
+        results[device.type] = value, {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
+    (eager_value, eager_grads), (lazy_value, lazy_grads) = results["cpu"], results["lazy"]
+    assert lazy_value == pytest.approx(eager_value, rel=1e-12)
+    assert lazy_grads.keys() == eager_grads.keys()
+    for name, g in eager_grads.items():
+        torch.testing.assert_close(lazy_grads[name], g, **FP64_TOLERANCE, msg=name)
