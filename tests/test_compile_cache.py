@@ -316,3 +316,37 @@ def test_a_group_that_failed_is_not_tried_again_in_the_next_process(lazy_level, 
         torch.testing.assert_close(run(), (x * 5).cos().sum(0))
     assert attempts == []  # not lowered again
     assert any("failed before" in why for why in metrics.snapshot()["groups_fallen_back"].values())
+
+
+def test_a_warning_raised_as_an_error_is_not_remembered_on_disk(lazy_level, monkeypatch):
+    """Under the user's -W error, a deprecation warning inside the compile
+    path fails the group in this process; it says nothing about the group,
+    so the next process compiles it again."""
+    import warnings
+
+    from lazy_mlir import executables
+
+    def warns(graph, inputs, name, cfg):
+        warnings.warn("injected deprecation", DeprecationWarning)
+        raise AssertionError("the filter raises the warning before this")
+
+    x = torch.randn(3, 31)
+
+    def run():
+        out = (x.to(LAZY) * 7).sin().sum(0)
+        torch._lazy.mark_step()
+        return out.cpu()
+
+    monkeypatch.setattr(executables, "lower_group", warns)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("error", category=DeprecationWarning)
+        torch.testing.assert_close(run(), (x * 7).sin().sum(0))  # in TorchScript
+    assert any("failed to compile (DeprecationWarning: injected deprecation" in str(w.message) for w in caught)
+    attempts = []
+    monkeypatch.setattr(executables, "lower_group", lambda *args: attempts.append(args))
+    _hand_groups_over_again()  # as a new process would: nothing in memory, the folder on disk
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch.testing.assert_close(run(), (x * 7).sin().sum(0))
+    assert len(attempts) == 1  # lowered again (and failed: the stub returns nothing)

@@ -139,12 +139,12 @@ def _failure_key(key: str) -> str:
     return hashlib.sha256(f"failed|{key}".encode()).hexdigest()
 
 
-def store_failure(key: str, reason: str, cfg: config.Config) -> None:
+def store_failure(key: str, reason: str, cfg: config.Config, on_disk: bool = True) -> None:
     """Remembers that the group at ``key`` failed to lower: it is not tried
-    again in this process nor, through the disk cache, in the next one (the
-    key covers versions and lowering code, so a fix retries it)."""
+    again in this process nor, through the disk cache (``on_disk``), in the
+    next one (the key covers versions and lowering code, so a fix retries it)."""
     _failures[key] = reason
-    disk = disk_of(cfg)
+    disk = disk_of(cfg) if on_disk else None
     if disk is not None:
         disk.write(_failure_key(key), pickle.dumps({"key": _failure_key(key), "failed": reason}))
 

@@ -98,6 +98,18 @@ class GroupLoweringError(RuntimeError):
     pass
 
 
+def _raised_by_a_warning_filter(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it came from is a Warning (raised as
+    an error by a warnings filter)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, Warning):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def report_failure(name: str, describe: str, exc: Exception) -> None:
     """A group that failed to compile and runs in TorchScript: metrics and a warning."""
     reason = f"{type(exc).__name__}: {exc}"
@@ -401,7 +413,11 @@ class GroupExecutable:
                                self.cfg.key())
 
     def _compile_failed(self, exc: Exception) -> None:
-        compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg)
+        # A warning that the user's filter raised as an error (-W error: a
+        # deprecation inside Inductor) says nothing about the group: not
+        # remembered on disk, where it would fail every later process too.
+        compile_cache.store_failure(self.cache_key, f"{type(exc).__name__}: {exc}", self.cfg,
+                                    on_disk=not _raised_by_a_warning_filter(exc))
         self._fail(exc)
 
     def _fail(self, exc: Exception) -> None:
