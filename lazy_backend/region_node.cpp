@@ -130,32 +130,36 @@ namespace {
 
 namespace fimpl = at::functionalization::impl;
 
-// The operands of a region node over `inputs` (appended to `operands`), the
-// device they are on, and whether they are functionalized.
-void appendOperands(const Region& region, const std::vector<at::Tensor>& inputs,
-                    std::vector<torch::lazy::Value>& operands, std::optional<torch::lazy::BackendDevice>& device,
-                    bool& functional) {
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    at::Tensor input = inputs[i];
-    if (fimpl::isFunctionalTensor(input)) {
-      functional = true;
-      fimpl::sync(input);
-      input = fimpl::from_functional_tensor(input);
-    }
-    auto lazy = torch::lazy::TryGetLtcTensor(input);
-    TORCH_CHECK(lazy, "lazy_mlir: region ", region.name, ": input ", i, " is not a lazy tensor (", input.device(),
-                ")");
-    if (!device) device = lazy->GetDevice();
-    operands.push_back(lazy->GetIrValue());
-  }
-}
+struct TracedNode {
+  torch::lazy::NodePtr node;
+  torch::lazy::BackendDevice device;
+  bool functional = false;  // the inputs were functionalized: so are the outputs
+};
 
-torch::lazy::NodePtr makeNode(const std::shared_ptr<Region>& region, std::vector<torch::lazy::Value> operands,
-                              const std::optional<torch::lazy::BackendDevice>& device) {
+// The region's node over `operands` (IR values) and then the values of the
+// lazy tensors of each of `inputs`, functionalized or not.
+TracedNode traceNode(const std::shared_ptr<Region>& region, std::vector<torch::lazy::Value> operands,
+                     std::initializer_list<const std::vector<at::Tensor>*> inputs) {
+  std::optional<torch::lazy::BackendDevice> device;
+  bool functional = false;
+  for (const auto* tensors : inputs) {
+    for (at::Tensor input : *tensors) {
+      if (fimpl::isFunctionalTensor(input)) {
+        functional = true;
+        fimpl::sync(input);
+        input = fimpl::from_functional_tensor(input);
+      }
+      auto lazy = torch::lazy::TryGetLtcTensor(input);
+      TORCH_CHECK(lazy, "lazy_mlir: region ", region->name, ": input ", operands.size(), " is not a lazy tensor (",
+                  input.device(), ")");
+      if (!device) device = lazy->GetDevice();
+      operands.push_back(lazy->GetIrValue());
+    }
+  }
   TORCH_CHECK(operands.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
               region->num_inputs, " inputs, got ", operands.size());
   TORCH_CHECK(device, "lazy_mlir: region ", region->name, " called without inputs");
-  return torch::lazy::MakeNode<RegionNode>(region, operands);
+  return {torch::lazy::MakeNode<RegionNode>(region, operands), *device, functional};
 }
 
 // Outputs [begin, end) of `node` as aten lazy tensors, functionalized if
@@ -175,13 +179,8 @@ std::vector<at::Tensor> outputTensors(const torch::lazy::NodePtr& node, size_t b
 }  // namespace
 
 std::vector<at::Tensor> traceRegion(const std::shared_ptr<Region>& region, const std::vector<at::Tensor>& inputs) {
-  std::optional<torch::lazy::BackendDevice> device;
-  bool functional = false;
-  std::vector<torch::lazy::Value> operands;
-  operands.reserve(inputs.size());
-  appendOperands(*region, inputs, operands, device, functional);
-  auto node = makeNode(region, std::move(operands), device);
-  return outputTensors(node, 0, region->outputs.size(), *device, functional);
+  const TracedNode traced = traceNode(region, {}, {&inputs});
+  return outputTensors(traced.node, 0, region->outputs.size(), traced.device, traced.functional);
 }
 
 std::pair<std::vector<at::Tensor>, std::shared_ptr<SavedValues>> traceRegionSaving(
@@ -190,24 +189,19 @@ std::pair<std::vector<at::Tensor>, std::shared_ptr<SavedValues>> traceRegionSavi
   const size_t num_outputs = region->outputs.size();
   TORCH_CHECK(saved_begin <= saved_end && saved_end <= num_outputs, "lazy_mlir: region ", region->name, " has ",
               num_outputs, " outputs, cannot save [", saved_begin, ", ", saved_end, ")");
-  std::optional<torch::lazy::BackendDevice> device;
-  bool functional = false;
-  std::vector<torch::lazy::Value> operands;
-  operands.reserve(inputs.size());
-  appendOperands(*region, inputs, operands, device, functional);
-  auto node = makeNode(region, std::move(operands), device);
+  const TracedNode traced = traceNode(region, {}, {&inputs});
   std::vector<torch::lazy::LazyTensorPtr> saved;
   saved.reserve(saved_end - saved_begin);
   for (size_t i = saved_begin; i < saved_end; ++i) {
-    saved.push_back(torch::lazy::LazyTensor::Create(torch::lazy::Value(node, i), *device));
+    saved.push_back(torch::lazy::LazyTensor::Create(torch::lazy::Value(traced.node, i), traced.device));
   }
   std::vector<std::optional<at::Tensor>> leaves;
   leaves.reserve(inputs.size());
   for (const at::Tensor& input : inputs) {
     leaves.push_back(input.is_leaf() && input.requires_grad() ? std::optional<at::Tensor>(input) : std::nullopt);
   }
-  auto outputs = outputTensors(node, 0, saved_begin, *device, functional);
-  auto after = outputTensors(node, saved_end, num_outputs, *device, functional);
+  auto outputs = outputTensors(traced.node, 0, saved_begin, traced.device, traced.functional);
+  auto after = outputTensors(traced.node, saved_end, num_outputs, traced.device, traced.functional);
   outputs.insert(outputs.end(), after.begin(), after.end());
   return {std::move(outputs), std::make_shared<SavedValues>(std::move(saved), std::move(leaves))};
 }
@@ -239,14 +233,8 @@ std::vector<std::optional<at::Tensor>> replayBackward(const std::shared_ptr<Regi
                                                       const std::vector<at::Tensor>& constants,
                                                       const std::vector<std::optional<size_t>>& positions,
                                                       bool create_graph) {
-  std::optional<torch::lazy::BackendDevice> device;
-  bool functional = false;
-  std::vector<torch::lazy::Value> operands = saved->take();
-  operands.reserve(operands.size() + grads.size() + constants.size());
-  appendOperands(*region, grads, operands, device, functional);
-  appendOperands(*region, constants, operands, device, functional);
-  auto node = makeNode(region, std::move(operands), device);
-  auto outputs = outputTensors(node, 0, region->outputs.size(), *device, functional);
+  const TracedNode traced = traceNode(region, saved->take(), {&grads, &constants});
+  auto outputs = outputTensors(traced.node, 0, region->outputs.size(), traced.device, traced.functional);
   std::vector<std::optional<at::Tensor>> results;
   results.reserve(positions.size());
   for (const auto& position : positions) {
