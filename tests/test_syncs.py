@@ -91,6 +91,25 @@ def test_other_reads_mid_step_that_run_random_ops_warn(lazy_level):
     torch._lazy.mark_step()
 
 
+def test_a_warning_made_an_error_inside_an_execution_is_raised_by_the_next_mark_step(lazy_level):
+    """A read's warning that the user's filter makes an error (-W error) is
+    raised by the next mark_step, before it syncs: raised inside LTC's sync,
+    it would be kept and rethrown at the next sync, and a Python error
+    rethrown twice aborts the process."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 1)).double().to(LAZY)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    loss = model(x.to(LAZY)).sum()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="lazy_mlir: a value read")
+        assert loss.cpu().shape == ()  # the read completes
+    with pytest.raises(RuntimeWarning, match=r"value read at .*test_syncs.py:\d+ .*ran random ops"):
+        torch._lazy.mark_step()
+    torch._lazy.mark_step()  # the step's pending work, and nothing left over
+    y = (x.to(LAZY) * 2).sum()
+    torch._lazy.mark_step()
+    torch.testing.assert_close(y.cpu(), (x * 2).sum())
+
+
 def test_ops_carry_the_user_line_and_device_data_none(lazy_level):
     """Every traced op names the user's line; device data (inputs, which no
     error names) records none: the frame walk is skipped for them."""

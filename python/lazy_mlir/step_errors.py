@@ -5,13 +5,16 @@ the exception in the device lock, which rethrows it at the next lock: the
 next ``mark_step`` or value read fails with the old error. After
 ``mark_step`` has raised it, ``wait_device_ops`` takes the stored copy.
 (With LTC's thread pool, ``mark_step`` does not raise: the stored copy is the
-only report and stays.)
+only report and stays.) A warning that an earlier read's execution raised
+as an error (syncs._warn_in_execution) is raised first, before the sync.
 """
 from __future__ import annotations
 
 import functools
 
 import torch._lazy
+
+from . import syncs
 
 
 def install() -> None:
@@ -21,6 +24,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def mark_step(*args, **kwargs):
+        syncs.raise_deferred()  # a warning an earlier read raised as an error, inside its execution
         try:
             return original(*args, **kwargs)
         except Exception:

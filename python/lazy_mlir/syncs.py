@@ -82,9 +82,33 @@ def _check_ltc_fallbacks(source: str) -> None:
     counts = metrics.ltc_fallback_counts()
     total = sum(counts.values())
     if total > _ltc_fallbacks_seen:
-        warnings.warn(f"lazy_mlir O2: LTC ran {', '.join(sorted(counts))} eagerly (noticed at {source}), "
-                      "cutting the step into several graph executions", RuntimeWarning, stacklevel=3)
+        _warn_in_execution(f"lazy_mlir O2: LTC ran {', '.join(sorted(counts))} eagerly (noticed at {source}), "
+                           "cutting the step into several graph executions", stacklevel=3)
     _ltc_fallbacks_seen = total  # also after metrics.reset()
+
+
+_deferred: list[Warning] = []  # warnings raised as errors inside an execution, for the next mark_step
+
+
+def _warn_in_execution(message: str, stacklevel: int) -> None:
+    """A RuntimeWarning from inside a graph execution (on_execute runs within
+    LTC's sync). Where the user's filter makes it an error (-W error), it is
+    not raised there: LTC keeps what a sync throws and rethrows it at the
+    next sync, and a Python error rethrown twice aborts the process. The
+    next mark_step raises it instead, before it syncs anything."""
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+    except Warning as error:
+        _deferred.append(error)
+
+
+def raise_deferred() -> None:
+    """Raises the first warning an execution raised as an error since the
+    last call (step_errors' mark_step calls this first)."""
+    if _deferred:
+        error = _deferred[0]
+        _deferred.clear()
+        raise error
 
 
 _warned: set[str] = set()
@@ -118,8 +142,8 @@ def on_execute(draws: bool = False) -> bool:
         _warn_redraw(source)
     if config.current.level == "O2" and source not in _warned:
         _warned.add(source)
-        warnings.warn(f"lazy_mlir O2: a value read at {source} executed the step traced so far as a graph "
-                      "of its own: the step takes more than one graph execution", RuntimeWarning, stacklevel=2)
+        _warn_in_execution(f"lazy_mlir O2: a value read at {source} executed the step traced so far as a graph "
+                           "of its own: the step takes more than one graph execution", stacklevel=2)
     return False
 
 
@@ -136,7 +160,7 @@ def _warn_redraw(source: str) -> None:
     if source in _warned_redraw:
         return
     _warned_redraw.add(source)
-    warnings.warn(f"lazy_mlir: a value read at {source} ran random ops (dropout...) in a graph of its own; "
-                  "the tensors that still depend on them (saved activations, gradients) draw again when the "
-                  "step's graph runs, so they see other random numbers than the value read and than eager "
-                  "PyTorch. Read values after mark_step() to keep eager's draws", RuntimeWarning, stacklevel=3)
+    _warn_in_execution(f"lazy_mlir: a value read at {source} ran random ops (dropout...) in a graph of its own; "
+                       "the tensors that still depend on them (saved activations, gradients) draw again when the "
+                       "step's graph runs, so they see other random numbers than the value read and than eager "
+                       "PyTorch. Read values after mark_step() to keep eager's draws", stacklevel=3)
