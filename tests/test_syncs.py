@@ -110,6 +110,31 @@ def test_a_warning_made_an_error_inside_an_execution_is_raised_by_the_next_mark_
     torch.testing.assert_close(y.cpu(), (x * 2).sum())
 
 
+def test_a_compile_warning_made_an_error_is_raised_by_the_next_mark_step(lazy_level, monkeypatch):
+    """A group's first compile runs inside the graph's execution: a warning
+    of it that the user's filter makes an error waits for the next
+    mark_step, and the group still compiles and runs its code."""
+    from lazy_mlir import executables
+
+    real = executables.lower_group
+
+    def noisy(*args):
+        warnings.warn("injected compile notice", UserWarning)
+        return real(*args)
+
+    monkeypatch.setattr(executables, "lower_group", noisy)
+    x = torch.randn(5, 37)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="injected compile notice")
+        y = (x.to(LAZY) * 3).exp().sum(0)
+        torch._lazy.mark_step()  # compiles, inside the execution
+        torch.testing.assert_close(y.cpu(), (x * 3).exp().sum(0))
+        with pytest.raises(UserWarning, match="injected compile notice"):
+            torch._lazy.mark_step()
+    s = metrics.snapshot()
+    assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 1, metrics.report()
+
+
 def test_ops_carry_the_user_line_and_device_data_none(lazy_level):
     """Every traced op names the user's line; device data (inputs, which no
     error names) records none: the frame walk is skipped for them."""

@@ -18,7 +18,8 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import background, compile_cache, config, group_key, metrics, parallel_compile, recompiles, shape_generic
+from . import (background, compile_cache, config, group_key, metrics, parallel_compile, recompiles, shape_generic,
+               syncs)
 from .group_lowering import adopt_code, generate_code, lower_group, prepare_group
 
 
@@ -215,15 +216,22 @@ class GroupExecutable:
         return list(accepted)
 
     def _first_run(self, inputs):
-        try:
-            return self._for_layout(inputs)
-        finally:
-            parallel_compile.ran_first(self.name)  # the graph's last group: its deferred compiles run
+        with syncs.deferring_warnings():
+            try:
+                return self._for_layout(inputs)
+            finally:
+                parallel_compile.ran_first(self.name)  # the graph's last group: its deferred compiles run
 
     def _for_layout(self, inputs, count_miss=True):
         """First run, or inputs unlike those the current code was compiled for:
         LTC's graph hash fixes shapes and dtypes but not strides (a
-        channels_last input), and Inductor's code asserts them."""
+        channels_last input), and Inductor's code asserts them. Runs inside
+        the graph's execution: warnings the user's filter makes errors wait
+        for the next mark_step (syncs.deferring_warnings)."""
+        with syncs.deferring_warnings():
+            return self._compile_for_layout(inputs, count_miss)
+
+    def _compile_for_layout(self, inputs, count_miss):
         for guard, key in self._layouts:
             if guard.check(*inputs):
                 break

@@ -13,6 +13,7 @@ warns once per line.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -100,6 +101,27 @@ def _warn_in_execution(message: str, stacklevel: int) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
     except Warning as error:
         _deferred.append(error)
+
+
+@contextlib.contextmanager
+def deferring_warnings():
+    """Around code that runs inside a graph execution and may warn (a
+    group's compile: Inductor's deprecations, our fallback notices). Where a
+    filter makes some warning an error (-W error), its warnings are recorded
+    and emitted again after it, those the filters raise waiting for the next
+    mark_step (see _warn_in_execution); else nothing changes (catch_warnings
+    swaps process-wide state, which background compile threads share)."""
+    if not any(f[0] == "error" for f in warnings.filters):
+        yield
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        try:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        except Warning as error:
+            _deferred.append(error)
 
 
 def raise_deferred() -> None:
