@@ -207,6 +207,7 @@ def test_an_item_mid_step_keeps_eagers_dropout_draws(lazy_o1):
             torch._lazy.mark_step()
             s = lazy_mlir.metrics.snapshot()
             assert s["graph_executions"] == 2 and s["captured_calls"] == 1, lazy_mlir.metrics.report()
+            assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, lazy_mlir.metrics.report()
         results[device.type] = value, {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
     (eager_value, eager_grads), (lazy_value, lazy_grads) = results["cpu"], results["lazy"]
     assert lazy_value == pytest.approx(eager_value, rel=1e-12)
