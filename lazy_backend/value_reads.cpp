@@ -14,19 +14,18 @@ namespace {
 
 thread_local bool t_syncing_live = false;
 
+struct SyncingLive {  // sets t_syncing_live for its scope
+  SyncingLive() { t_syncing_live = true; }
+  ~SyncingLive() { t_syncing_live = false; }
+};
+
 at::Scalar localScalarDense(const at::Tensor& self) {
   auto lazy = torch::lazy::TryGetLtcTensor(self);
   TORCH_CHECK(lazy, "lazy_mlir: _local_scalar_dense on a tensor that is not lazy (", self.device(), ")");
   if (!lazy->CurrentDataHandle() && !lazy->CurrentTensorData() && dependsOnDraws(lazy->GetIrValue().node.get())) {
     const torch::lazy::BackendDevice device = lazy->GetDevice();
-    t_syncing_live = true;
-    try {
-      torch::lazy::LazyGraphExecutor::Get()->SyncLiveTensorsGraph(&device, /*devices=*/{}, /*wait=*/true);
-    } catch (...) {
-      t_syncing_live = false;
-      throw;
-    }
-    t_syncing_live = false;
+    const SyncingLive syncing;
+    torch::lazy::LazyGraphExecutor::Get()->SyncLiveTensorsGraph(&device, /*devices=*/{}, /*wait=*/true);
   }
   // what LTC's eager fallback does: the value on the host, read there
   return lazy->ToTensor(/*detached=*/true).item();

@@ -304,9 +304,10 @@ def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) ->
     """Whether AOTAutograd's wrappers would do nothing but pass values
     through: the forward graph returns the user's outputs (``outputs``:
     their fakes) then exactly what the backward graph takes before its
-    tangents, and the backward writes no input; every output is a floating-point tensor with a tangent, none a
-    view of an input (AOTAutograd regenerates those), and the backward
-    returns one gradient per forward input."""
+    tangents, and the backward writes no input; every output is a
+    floating-point tensor with a tangent, none a view of an input
+    (AOTAutograd regenerates those), and the backward returns one gradient
+    per forward input."""
     n_user = len(outputs)
     fw_inputs = [n for n in forward.gm.graph.nodes if n.op == "placeholder"]
     (fw_results,) = [n.args[0] for n in forward.gm.graph.nodes if n.op == "output"]
