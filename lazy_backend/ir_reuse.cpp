@@ -1,5 +1,6 @@
 #include "ir_reuse.h"
 
+#include "device_data_pool.h"
 #include "functional_update.h"
 
 #include "../runtime/run_stats.h"
@@ -59,7 +60,7 @@ struct ReusingIrBuilder : torch::lazy::IrBuilder {
 
   torch::lazy::NodePtr MakeDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data) const override {
     WithoutUserFrames data_names_no_line;  // (source_locations.h)
-    if (!FLAGS_torch_lazy_reuse_ir) return ts->MakeDeviceData(data);
+    if (!FLAGS_torch_lazy_reuse_ir) return pooledDeviceData(data, ts);
     const int64_t ordinal = g_device_data_ordinal++;
     torch::lazy::NodePtr node = torch::lazy::ReuseNode<OrdinalDeviceData>(data, ordinal);
     if (node == nullptr) {
@@ -199,6 +200,7 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
   void MarkStep(const torch::lazy::BackendDevice& device) override {
     torch::lazy::LazyGraphExecutor::MarkStep(device);  // also resets the trie's cursor
     g_device_data_ordinal = 0;
+    devicePoolStepBoundary();
     if (!FLAGS_torch_lazy_reuse_ir || !stepBoundary(device)) return;
     // Walk the trie only after a step that added to it (a fork): otherwise
     // there is nothing to prune, and the device-data nodes are on a list.

@@ -49,7 +49,8 @@ void pauseIrReuse(bool paused);
 bool irReuseStepBoundary();
 
 // The IR builder of the backend: `ts` (TorchScript's), with device-data
-// nodes that carry their ordinal while reuse is on (3.).
+// nodes that carry their ordinal while reuse is on (3.), and recycled by
+// device_data_pool.h while it is off.
 const torch::lazy::IrBuilder* irReuseBuilder(const torch::lazy::IrBuilder* ts);
 
 // LTC's trie lookup for node classes without a ClassOpKind (one class, many

@@ -13,6 +13,7 @@
 #include "adam_scalars.h"
 #include "builtin_op_node.h"
 #include "draw_order.h"
+#include "device_data_pool.h"
 #include "ir_reuse.h"
 #include "functional_update.h"
 #include "graph_clusterer.h"
@@ -142,6 +143,8 @@ PYBIND11_MODULE(_C, m) {
         "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
+  m.def("set_device_data_pool", &lazy_mlir::setDeviceDataPool,
+        "Recycle device-data nodes nothing holds any more (device_data_pool.h; on by default).", py::arg("on"));
   m.def("nodes_built", &lazy_mlir::nodesBuilt, "IR nodes built so far (a node reused from an earlier step is not).");
   m.def("pause_ir_reuse", &lazy_mlir::pauseIrReuse, py::arg("paused"));
   m.def("ir_reuse_step_boundary", &lazy_mlir::irReuseStepBoundary);

@@ -23,6 +23,7 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
       {"trie_buffers_released", trie_buffers_released.load()},
       {"cached_ir_dropped", cached_ir_dropped.load()},
       {"step_boundaries_skipped", step_boundaries_skipped.load()},
+      {"device_data_recycled", device_data_recycled.load()},
   };
 }
 
@@ -30,7 +31,8 @@ void RunStats::reset() {
   for (auto* c : {&compiles, &compile_ns, &groups_built, &groups_rejected, &executions,
                   &execute_ns, &group_calls, &group_ns, &rebinds, &group_outputs, &group_output_bytes,
                   &outputs_in_place, &in_place_bytes, &donor_copies, &donor_copy_bytes, &trie_branches_pruned,
-                  &trie_buffers_released, &cached_ir_dropped, &step_boundaries_skipped}) {
+                  &trie_buffers_released, &cached_ir_dropped, &step_boundaries_skipped,
+                  &device_data_recycled}) {
     c->store(0);
   }
 }

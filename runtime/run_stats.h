@@ -35,6 +35,8 @@ struct RunStats {
   std::atomic<int64_t> trie_buffers_released{0};
   std::atomic<int64_t> cached_ir_dropped{0};
   std::atomic<int64_t> step_boundaries_skipped{0};
+  // Device-data nodes handed out again by the pool (device_data_pool.h).
+  std::atomic<int64_t> device_data_recycled{0};
 
   static RunStats& get();
   std::map<std::string, int64_t> snapshot() const;

@@ -1,0 +1,36 @@
+// DeviceDataPool: device-data IR nodes recycled from step to step (while IR
+// reuse is off; ir_reuse.h has its own).
+//
+// Every tensor a step writes (a parameter, its optimizer state, a batch-norm
+// buffer) holds plain data after mark_step, and the next step that reads it
+// makes a new device-data node for it: most of a captured step's nodes, the
+// first operand of each region and optimizer node. The pool hands back a
+// node of the same shape that nothing else holds any more (use count 1: no
+// tensor, node or graph can see it), with the new data put in; its hash is
+// its shape's, as a new node's. Slots are taken in the order the step asks
+// for device data, so a step like the last one finds its nodes in order.
+// After each mark_step the pooled nodes that nothing else holds let go of
+// their data, so that no buffer of a past step stays alive.
+#pragma once
+
+#include <torch/csrc/lazy/backend/backend_data.h>
+#include <torch/csrc/lazy/core/ir.h>
+#include <torch/csrc/lazy/core/ir_builder.h>
+
+#include <memory>
+
+namespace lazy_mlir {
+
+// A device-data node for `data`: a pooled one when one of its shape is free,
+// else `ts`'s new one (then pooled).
+torch::lazy::NodePtr pooledDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data,
+                                      const torch::lazy::IrBuilder* ts);
+
+// After a mark_step: the next step's device data take the slots from the
+// first, and free pooled nodes release their data.
+void devicePoolStepBoundary();
+
+// Off: every device-data node is new (pooled nodes are dropped).
+void setDeviceDataPool(bool on);
+
+}  // namespace lazy_mlir
