@@ -53,6 +53,26 @@ def assert_compiled(s: dict | None = None, calls: int = 1) -> None:
 
 
 # ----------------------------------------------------------------- workloads
+def operands_swapped(device, size, steps=4, written=False):
+    """Two same-shaped tensors that stay on the device, read the other way
+    round every other step (b - a after a - b), and updated in place each
+    step if ``written``: each step's difference, on the CPU."""
+    torch.manual_seed(2)
+    a, b = torch.randn(size).to(device), torch.randn(size).to(device)
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    out = []
+    for i in range(steps):
+        d = (a - b) if i % 2 == 0 else (b - a)
+        if written:
+            a.add_(1.0)
+            b.mul_(0.5)
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+        out.append(d.cpu())
+    return out
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()

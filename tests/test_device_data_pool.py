@@ -13,6 +13,8 @@ import torch
 import lazy_mlir
 from lazy_mlir import _C, metrics
 
+from helpers import assert_compiled, assert_same_training, operands_swapped, train
+
 CPU = torch.device("cpu")
 LAZY = torch.device("lazy")
 
@@ -35,57 +37,46 @@ def _recycled() -> int:
 
 
 def _train(device, steps=5):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(13, 19), torch.nn.Tanh(), torch.nn.Linear(19, 3)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, built = [], []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(4, 13, generator=g).to(device), torch.randn(4, 3, generator=g).to(device)
-        before = _C.nodes_built()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        built.append(_C.nodes_built() - before)
-        _step_done(device)
-        losses.append(loss.item())
-    return losses, [p.detach().cpu() for p in model.parameters()], built
+    """helpers.train on an MLP of this file's shapes; also the IR nodes each
+    step built (from the end of the last step to the end of this one)."""
+    built, last = [], [_C.nodes_built()]
+
+    def count(_):
+        built.append(_C.nodes_built() - last[0])
+        last[0] = _C.nodes_built()
+
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(13, 19), torch.nn.Tanh(), torch.nn.Linear(19, 3))
+
+    batches = [(torch.randn(4, 13, generator=g), torch.randn(4, 3, generator=g))
+               for g in (torch.Generator().manual_seed(step) for step in range(steps))]
+    result = train(make_model, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), batches, device,
+                   loss_fn=lambda m, x, y: torch.nn.functional.mse_loss(m(x), y), after_step=count)
+    return result, built
 
 
 def test_training_recycles_the_device_data_nodes_and_matches_eager(o1):
-    eager_losses, eager_params, _ = _train(CPU)
+    eager, _ = _train(CPU)
     _C.set_device_data_pool(False)
-    _, _, built_without = _train(LAZY)
+    _, built_without = _train(LAZY)
     _C.set_device_data_pool(True)
     recycled = _recycled()
-    losses, params, built = _train(LAZY)
-    assert losses == pytest.approx(eager_losses, rel=1e-5)
-    for got, want in zip(params, eager_params):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    metrics.reset()
+    lazy, built = _train(LAZY)
+    assert_same_training(eager, lazy)
     # each step after the first reads the 4 parameters and 8 Adam states the
     # last one wrote, through recycled nodes
     assert _recycled() - recycled >= 12 * 3, _recycled() - recycled
     assert max(built[2:]) <= min(built_without[2:]) - 12, (built, built_without)
-    snap = metrics.snapshot()  # the steps ran generated code, not TorchScript
-    assert snap["compiled_group_calls"] == snap["group_calls"] > 0 and snap["groups_fallen_back"] == {}, metrics.report()
+    assert_compiled()
 
 
-def _operands_swapped(device, size=(6, 27), steps=4):
+def _operands_swapped(device):
     """Same-shaped tensors written and read the other way round every other
     step: the pool hands out nodes in request order, so b's node of the last
     step serves a now, and must read a."""
-    torch.manual_seed(2)
-    a, b = torch.randn(size).to(device), torch.randn(size).to(device)
-    _step_done(device)
-    out = []
-    for i in range(steps):
-        d = (a - b) if i % 2 == 0 else (b - a)
-        a.add_(1.0)
-        b.mul_(0.5)
-        _step_done(device)
-        out.append(d.cpu())
-    return out
+    return operands_swapped(device, (6, 27), written=True)
 
 
 def _read_only_then_fresh(device, size=(4, 33), steps=4):

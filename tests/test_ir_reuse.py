@@ -11,6 +11,8 @@ import torch
 import lazy_mlir
 from lazy_mlir import _C, metrics
 
+from helpers import operands_swapped
+
 CPU = torch.device("cpu")
 LAZY = torch.device("lazy")
 
@@ -63,19 +65,11 @@ def test_training_reuses_the_trace_and_matches_eager(reuse):
     assert snap["compiled_group_calls"] == snap["group_calls"] > 0 and snap["groups_fallen_back"] == {}, metrics.report()
 
 
-def _operands_swapped(device, size=(5, 29), steps=4):
+def _operands_swapped(device):
     """Tensors that stay on the device, read the other way round every other
     step: LTC's reuse compares operands by hash, and device data hashed by
     shape alone handed b - a the node of a - b."""
-    torch.manual_seed(2)
-    a, b = torch.randn(size).to(device), torch.randn(size).to(device)
-    _step_done(device)
-    out = []
-    for i in range(steps):
-        d = (a - b) if i % 2 == 0 else (b - a)
-        _step_done(device)
-        out.append(d.cpu())
-    return out
+    return operands_swapped(device, (5, 29))
 
 
 def _read_only_then_fresh(device, size=(3, 31), steps=4):
