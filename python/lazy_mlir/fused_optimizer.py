@@ -66,7 +66,7 @@ _hooks: list = []
 
 def exclude(optimizer: torch.optim.Optimizer) -> None:
     """Never fuse ``optimizer``'s steps (lazy_mlir.zero's inner optimizer:
-    its passes expect the per-tensor update)."""
+    its per-tensor updates run faster there, see zero/__init__.py)."""
     _excluded.add(optimizer)
 
 

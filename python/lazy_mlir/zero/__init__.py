@@ -140,7 +140,10 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
                 groups.append({**{k: v for k, v in g.items() if k != "params"},
                                "params": [m.shard if m.sharded else m.param for m in managed]})
             inner = type(optimizer)(groups)  # each group carries all its hyper-parameters
-            fused_optimizer.exclude(inner)  # the zero passes expect the per-tensor update
+            # per-tensor updates: with one fused node stage 3 ran 3-18% slower
+            # (2026-11-27, zero_step.py, 3 paired rounds), and the unsharded
+            # gradients' all-reduces left the all-to-all buckets
+            fused_optimizer.exclude(inner)
             engine.attach(model)
             setattr(model, _ENGINE_ATTR, engine)
             _use_zero_pipeline(engine)
