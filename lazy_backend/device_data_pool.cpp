@@ -11,8 +11,9 @@ namespace lazy_mlir {
 namespace {
 
 // A step's device data seldom number more; past it the slots wrap (a loop
-// that never calls mark_step still recycles, in fewer slots).
-constexpr size_t kSlots = 1 << 15;
+// that never calls mark_step, reading values with .cpu(), still recycles,
+// and each execution's scan stays short).
+constexpr size_t kSlots = 4096;
 
 std::mutex g_mutex;  // a step may be traced on another thread than the last one
 bool g_on = true;
@@ -53,6 +54,10 @@ torch::lazy::NodePtr pooledDeviceData(const std::shared_ptr<torch::lazy::Backend
 void devicePoolStepBoundary() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_next = 0;
+}
+
+void releasePooledData() {
+  std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& node : g_slots) {
     if (node.use_count() == 1) asDeviceData(node)->SetData(nullptr);
   }

@@ -8,9 +8,11 @@
 // node of the same shape that nothing else holds any more (use count 1: no
 // tensor, node or graph can see it), with the new data put in; its hash is
 // its shape's, as a new node's. Slots are taken in the order the step asks
-// for device data, so a step like the last one finds its nodes in order.
-// After each mark_step the pooled nodes that nothing else holds let go of
-// their data, so that no buffer of a past step stays alive.
+// for device data (from the first again after each mark_step), so a step
+// like the last one finds its nodes in order. After each graph execution
+// the pooled nodes that nothing else holds let go of their data, so that no
+// buffer read by a past graph stays alive (with mark_step or without: a
+// loop that only reads values with .cpu() executes a graph each time).
 #pragma once
 
 #include <torch/csrc/lazy/backend/backend_data.h>
@@ -26,9 +28,11 @@ namespace lazy_mlir {
 torch::lazy::NodePtr pooledDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data,
                                       const torch::lazy::IrBuilder* ts);
 
-// After a mark_step: the next step's device data take the slots from the
-// first, and free pooled nodes release their data.
+// After a mark_step: the next step's device data take the slots from the first.
 void devicePoolStepBoundary();
+
+// After a graph execution: pooled nodes that nothing else holds release their data.
+void releasePooledData();
 
 // Off: every device-data node is new (pooled nodes are dropped).
 void setDeviceDataPool(bool on);

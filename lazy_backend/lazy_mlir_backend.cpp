@@ -7,6 +7,7 @@
 #include "../runtime/run_stats.h"
 #include "buffer_donation.h"
 #include "compiled_computation.h"
+#include "device_data_pool.h"
 #include "draw_order.h"
 #include "graph_clusterer.h"
 #include "group_binder.h"
@@ -211,6 +212,7 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
   auto results = ts_->ExecuteComputation(std::move(computation), arguments, device);
   RunStats::get().executions.fetch_add(1);
   RunStats::get().execute_ns.fetch_add(nowNs() - start);
+  releasePooledData();  // the nodes that fed this graph and are free now (device_data_pool.h)
   return results;
 }
 

@@ -130,6 +130,20 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def test_a_loop_without_mark_step_keeps_no_old_inputs(o1):
+    """A loop that only reads values with .cpu() never calls mark_step: each
+    read's execution must free the pooled nodes' data, or every input of
+    the loop would stay alive (64 MiB each here)."""
+    size = (16 << 20,)
+    weight = torch.ones(size).to(LAZY)
+    (weight * torch.zeros(size).to(LAZY)).sum().cpu()  # compiled and cached before measuring
+    before = _rss()
+    for i in range(8):
+        total = (weight * torch.full(size, float(i)).to(LAZY)).sum().cpu()
+        assert total.item() == float(i) * size[0]
+    assert _rss() - before < (192 << 20), (_rss() - before) >> 20
+
+
 def test_no_buffer_of_a_past_step_stays_alive(o1):
     """After mark_step a pooled node that nothing holds lets go of its data:
     once the tensor is gone, so is every buffer it had (a 256 MiB tensor:
