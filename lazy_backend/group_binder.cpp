@@ -31,6 +31,7 @@ bool GroupBinder::bind(Node* group, int index) {
   const std::vector<int64_t> candidates = BufferDonation::groupCandidates(group);
   std::vector<int64_t> donated;
   pybind11::object executable;
+  std::shared_ptr<NativeEntrySlot> native;  // where its code may be offered to C++ (native_entry.h)
   {
     pybind11::gil_scoped_acquire gil;
     try {
@@ -43,7 +44,10 @@ bool GroupBinder::bind(Node* group, int index) {
     }
     if (executable.is_none()) {
       executable = pybind11::object();  // release under the GIL
-    } else if (!candidates.empty() && pybind11::hasattr(executable, "offer_donation")) {
+    } else if (pybind11::hasattr(executable, "native")) {  // a GroupExecutable's
+      native = executable.attr("native").cast<std::shared_ptr<NativeEntrySlot>>();
+    }
+    if (executable && !candidates.empty() && pybind11::hasattr(executable, "offer_donation")) {
       // The inputs the executable's code may write an output into (buffer_donation.h).
       try {
         donated = executable.attr("offer_donation")(candidates).cast<std::vector<int64_t>>();
@@ -63,7 +67,7 @@ bool GroupBinder::bind(Node* group, int index) {
   auto& graph = *group->owningGraph();
   torch::jit::WithInsertPoint guard(group);
   const auto num_outputs = static_cast<int64_t>(group->outputs().size());
-  auto holder = c10::make_intrusive<CompiledGroup>(name, std::move(executable), num_outputs);
+  auto holder = c10::make_intrusive<CompiledGroup>(name, std::move(executable), num_outputs, std::move(native));
   any_donated_ = any_donated_ || !donated.empty();
   holder->setDonated(std::move(donated));
   Value* self = insertObjectConstant(graph, c10::IValue(std::move(holder)));

@@ -51,6 +51,7 @@ lazy_mlir::LazyMlirBackend* installedBackend() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lazy_mlir C++ core: LTC backend, clustering, CompiledGroup binding";
   lazy_mlir::registerCompiledGroupClass();
+  lazy_mlir::bindNativeEntry(m);
 
   m.def("install", [](int level, std::string config_key) {
     TORCH_CHECK(level >= 0 && level <= 2, "lazy_mlir: level must be 0, 1 or 2");

@@ -8,8 +8,9 @@
 
 namespace lazy_mlir {
 
-CompiledGroup::CompiledGroup(std::string name, pybind11::object executable, int64_t num_outputs)
-    : name_(std::move(name)), executable_(std::move(executable)), num_outputs_(num_outputs) {}
+CompiledGroup::CompiledGroup(std::string name, pybind11::object executable, int64_t num_outputs,
+                             std::shared_ptr<NativeEntrySlot> native)
+    : name_(std::move(name)), executable_(std::move(executable)), native_(std::move(native)), num_outputs_(num_outputs) {}
 
 namespace {
 
@@ -69,13 +70,22 @@ std::vector<at::Tensor> CompiledGroup::run(std::vector<at::Tensor> inputs) {
     }
   }
   const std::vector<const void*> writable = donated_.empty() ? std::vector<const void*>() : protectDonated(inputs, donated_);
+  std::shared_ptr<NativeEntry> native = native_ && nativeCallsOn() ? native_->get() : nullptr;
+  if (native != nullptr && !native->admits(inputs)) native = nullptr;  // Python adapts the code
   std::vector<at::Tensor> outputs;
   {
     pybind11::gil_scoped_acquire gil;
     try {
-      pybind11::object result = executable_.get()(pybind11::cast(std::move(inputs)));
-      outputs = result.cast<std::vector<at::Tensor>>();
+      if (native != nullptr) {
+        outputs = native->call(inputs);
+        RunStats::get().native_calls.fetch_add(1);
+      } else {
+        pybind11::object result = executable_.get()(pybind11::cast(std::move(inputs)));
+        outputs = result.cast<std::vector<at::Tensor>>();
+      }
     } catch (pybind11::error_already_set& e) {
+      TORCH_CHECK(false, "lazy_mlir: compiled group ", name_, " failed at run time: ", e.what());
+    } catch (const std::exception& e) {
       TORCH_CHECK(false, "lazy_mlir: compiled group ", name_, " failed at run time: ", e.what());
     }
   }

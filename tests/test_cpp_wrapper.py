@@ -1,17 +1,20 @@
 """Inductor's C++ wrapper around a group's kernels (Config.cpp_wrapper, on by
-default; the rest of the suite runs the Python wrapper, see conftest).
+default; the rest of the suite runs the Python wrapper, see conftest), and
+CompiledGroup calling that code from C++ (lazy_mlir.native_call).
 
 Each test trains against eager and checks, besides the numbers, that the
-groups ran generated code (not TorchScript) and that this code is the C++
-wrapper's: the dumped module loads it through CppWrapperCodeCache.
+groups ran generated code (not TorchScript), that this code is the C++
+wrapper's (the dumped module loads it through CppWrapperCodeCache) and
+that every run after a group's first called it from C++.
 """
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir import metrics, native_call
 from helpers import (LAZY, assert_compiled, assert_same_training, image_batches, make_adamw, make_convnet,
                      sgd_momentum, small_gpt, small_gpt_batches, train)
 
@@ -24,6 +27,12 @@ def cpp_wrapped(tmp_path):
     metrics.reset()
     yield tmp_path
     lazy_mlir.init("O1")
+
+
+def _assert_native_calls(s: dict) -> None:
+    """Each group's first run (through Python: the probe) is its only run
+    not called from C++."""
+    assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
 
 
 def _wrappers(dump_dir: Path) -> set[str]:
@@ -50,6 +59,7 @@ def test_convnet_with_momentum_matches_eager(cpp_wrapped):
     assert_same_training(eager, lazy, rtol=1e-12, atol=1e-12)
     assert_compiled(calls=4)
     assert _wrappers(cpp_wrapped) == {"C++"}
+    _assert_native_calls(metrics.snapshot())
 
 
 def test_captured_gpt_matches_eager(cpp_wrapped):
@@ -65,3 +75,65 @@ def test_captured_gpt_matches_eager(cpp_wrapped):
     assert s["captured_calls"] == 3 and s["fallback_count"] == 0, metrics.report()
     assert_compiled(s, calls=3)
     assert _wrappers(cpp_wrapped) == {"C++"}
+    _assert_native_calls(s)
+
+
+def test_baked_scalars_are_checked_before_a_native_call(cpp_wrapped):
+    """leaky_relu's slope is baked into the code and guarded by the very
+    tensor LTC hands over for it (executables.ScalarGuards). A native call
+    must check the same: 0.0 and -0.0 run different code (1 / (x * 0.0) is
+    -inf for x < 0, 1 / (x * -0.0) +inf), so calling the last code for
+    another slope gives the wrong sign."""
+    import torch.nn.functional as F
+
+    x = -torch.arange(1.0, 42.0).reshape(1, 41)  # a shape of this test's own
+
+    def inverse(t, slope):
+        return 1 / F.leaky_relu(t, slope)
+
+    for slope in (0.0, 0.0, -0.0, -0.0, 0.0, float("nan"), float("nan")):
+        got = inverse(x.to(LAZY), slope)
+        torch._lazy.mark_step()
+        torch.testing.assert_close(got.cpu(), inverse(x, slope), equal_nan=True, msg=f"slope {slope!r}")
+    s = metrics.snapshot()
+    assert s["groups_fallen_back"] == {}
+    assert s["native_group_calls"] >= 3, metrics.report()  # the repeated slopes: 0.0, -0.0, NaN
+
+
+def test_native_calls_switched_off_run_through_python(tmp_path):
+    """Config.native_calls=False takes effect for groups already bound (the
+    convnet's graphs may be compiled by the test above)."""
+    lazy_mlir.init("O1", cpp_wrapper=True, native_calls=False)
+    metrics.reset()
+    try:
+        batches = [(x.double(), y) for x, y in image_batches(4)]
+        eager = train(lambda: make_convnet().double(), sgd_momentum, batches, CPU)
+        lazy = train(lambda: make_convnet().double(), sgd_momentum, batches, LAZY)
+        assert_same_training(eager, lazy, rtol=1e-12, atol=1e-12)
+        s = metrics.snapshot()
+        assert_compiled(s, calls=4)
+        assert s["native_group_calls"] == 0, metrics.report()
+    finally:
+        lazy_mlir.init("O1")
+
+
+def _generated_module(library="/cache/entry.so"):
+    """What the probe sees of a C++ wrapper's generated module: ``call``
+    and the loaded extension's ``inductor_entry``."""
+    module = {"inductor_entry": types.SimpleNamespace(__self__=types.SimpleNamespace(__file__=library))}
+    exec("def call(args):\n    pass", module)
+    return types.SimpleNamespace(current_callable=module["call"])
+
+
+def test_probe_plans_only_calls_the_wrapper_left_alone():
+    a, b, c = torch.ones(2), torch.ones(3), torch.ones(4)
+    r0, r1 = torch.zeros(2), torch.zeros(3)
+    graph = _generated_module()
+    plan = native_call._plan([a, b, c], [r1, a, r0], [(graph, [c, a], [r0, r1])])
+    assert plan == native_call.Plan("/cache/entry.so", [2, 0], 2, [1, -1, 0])
+    assert native_call._plan([a], [r0], [(graph, [a], [r0]), (graph, [a], [r0])]) is None  # two calls
+    assert native_call._plan([a], [r0], [(graph, [torch.ones(2)], [r0])]) is None  # an argument made by the wrapper
+    assert native_call._plan([a], [r0[:1]], [(graph, [a], [r0])]) is None  # an output rebuilt (a view)
+    assert native_call._plan([a], [r0], [(graph, [a], [r0, r1])]) is None  # a result used otherwise
+    python_wrapper = types.SimpleNamespace(current_callable=lambda args: None)
+    assert native_call._plan([a], [r0], [(python_wrapper, [a], [r0])]) is None

@@ -83,6 +83,10 @@ class Config:
     # its source); a group whose C++ wrapper fails to compile gets the
     # Python one, with a warning. LAZY_MLIR_CPP_WRAPPER=0 turns it off.
     cpp_wrapper: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CPP_WRAPPER", True))
+    # Call such a group's C++-wrapped code from C++, with no Python per call
+    # (lazy_mlir.native_call); read at each init(), for every group.
+    # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
+    native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
     # Set by the backend on one fusion group's copy of the config, never by
     # users: the group inputs its code may write outputs into.
     donated_inputs: tuple = ()
@@ -101,7 +105,7 @@ class Config:
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
-                   "compile_workers", "auto_prepare", "fuse_optimizer")
+                   "compile_workers", "auto_prepare", "fuse_optimizer", "native_calls")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

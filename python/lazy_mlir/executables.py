@@ -18,8 +18,8 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (background, compile_cache, config, group_key, metrics, parallel_compile, recompiles, shape_generic,
-               syncs)
+from . import (_C, background, compile_cache, config, group_key, metrics, native_call, parallel_compile, recompiles,
+               shape_generic, syncs)
 from .group_lowering import adopt_code, generate_code, lower_group, prepare_group
 
 
@@ -198,8 +198,21 @@ class GroupExecutable:
         self._family = None  # group_key.family(graph), computed at the first compile
         # The input layouts a deferred compile's code took (parallel_compile), until another layout came.
         self._guessed_layouts: list[tuple] | None = None
+        self._probe_next = False  # the code's next run probes it (_call_code)
+        # The current code offered to the C++ CompiledGroup (native_call),
+        # cleared whenever the code changes.
+        self.native = _C.NativeEntrySlot()
         self._run = self._first_run
         parallel_compile.bound(name)
+
+    @property
+    def _run(self):
+        return self._code
+
+    @_run.setter
+    def _run(self, code):
+        self._code = code
+        self.native.clear()
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self._run(inputs)
@@ -295,9 +308,24 @@ class GroupExecutable:
     def _guarded(self, inputs):
         if not self.layout.check(*inputs):
             return self._for_layout(inputs)
-        return self.lowered.run(inputs)
+        return self._call_code(inputs)
+
+    def _call_code(self, inputs):
+        if not self._probe_next:
+            return self.lowered.run(inputs)
+        # The code's first run: it also tells whether C++ may call the code
+        # itself from the next run on (native_call), for inputs like these.
+        self._probe_next = False
+        outputs, plan = native_call.probe(self.lowered.run, inputs)
+        if plan is not None:
+            # C++ checks the scalars' tensors as ScalarGuards does: the very
+            # tensors seen now, unchanged
+            self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, inputs,
+                            [i for i, _ in self.lowered.guards])
+        return outputs
 
     def _use(self, lowered):
+        self._probe_next = lowered is not None and not isinstance(lowered, _Compiling) and not lowered.collective_bytes
         if isinstance(lowered, _Compiling):
             self.lowered, self._compiling = None, lowered
             self._interpreter = TorchScriptExecutable(self.graph, self.name, metrics.count_interpreted_group_call,
@@ -338,7 +366,7 @@ class GroupExecutable:
             return self._run(inputs)
         if self.lowered.collective_bytes:
             metrics.count_collectives(self.lowered.collective_bytes)
-        return self.lowered.run(inputs)
+        return self._call_code(inputs)
 
     def _lowered_for(self, inputs, count_miss=True):
         if self._family is None:

@@ -230,6 +230,8 @@ def snapshot() -> dict:
         # The two that say whether compilation happened: runs of generated
         # code, and the groups that failed or ran in TorchScript (with why).
         "compiled_group_calls": stats["group_calls"] - fallback_group_calls - interpreted_group_calls,
+        # of those, calls into C++-wrapped code straight from C++ (native_call)
+        "native_group_calls": stats["native_calls"],
         "groups_fallen_back": fallen_back,
         # runs in TorchScript while the group's code compiled in the background (not failures)
         "interpreted_group_calls": interpreted_group_calls,
@@ -308,6 +310,7 @@ def report() -> str:
         f"  graph executions     {s['graph_executions']}  ({s['executions_per_mark_step']:.2f} per mark_step)",
         f"  fusion groups        {s['groups_built']} built, {s['groups_rejected']} left to TorchScript",
         f"  group calls          {s['group_calls']}  ({s['compiled_group_calls']} ran generated code"
+        + (f", {s['native_group_calls']} of them called from C++" if s["native_group_calls"] else "")
         + (f", {s['interpreted_group_calls']} TorchScript while their code compiled"
            if s["interpreted_group_calls"] else "") + ")",
         f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
