@@ -77,7 +77,9 @@ std::vector<at::Tensor> CompiledGroup::run(std::vector<at::Tensor> inputs) {
     pybind11::gil_scoped_acquire gil;
     try {
       if (native != nullptr) {
+        const int64_t called = nowNs();
         outputs = native->call(inputs);
+        RunStats::get().native_ns.fetch_add(nowNs() - called);
         RunStats::get().native_calls.fetch_add(1);
       } else {
         pybind11::object result = executable_.get()(pybind11::cast(std::move(inputs)));

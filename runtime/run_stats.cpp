@@ -15,7 +15,8 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
       {"groups_built", groups_built.load()}, {"groups_rejected", groups_rejected.load()},
       {"executions", executions.load()},     {"execute_ns", execute_ns.load()},
       {"group_calls", group_calls.load()},   {"group_ns", group_ns.load()},
-      {"native_calls", native_calls.load()}, {"rebinds", rebinds.load()},
+      {"native_calls", native_calls.load()}, {"native_ns", native_ns.load()},
+      {"rebinds", rebinds.load()},
       {"group_outputs", group_outputs.load()}, {"group_output_bytes", group_output_bytes.load()},
       {"outputs_in_place", outputs_in_place.load()}, {"in_place_bytes", in_place_bytes.load()},
       {"donor_copies", donor_copies.load()},   {"donor_copy_bytes", donor_copy_bytes.load()},
@@ -29,7 +30,7 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
 
 void RunStats::reset() {
   for (auto* c : {&compiles, &compile_ns, &groups_built, &groups_rejected, &executions,
-                  &execute_ns, &group_calls, &group_ns, &native_calls, &rebinds, &group_outputs, &group_output_bytes,
+                  &execute_ns, &group_calls, &group_ns, &native_calls, &native_ns, &rebinds, &group_outputs, &group_output_bytes,
                   &outputs_in_place, &in_place_bytes, &donor_copies, &donor_copy_bytes, &trie_branches_pruned,
                   &trie_buffers_released, &cached_ir_dropped, &step_boundaries_skipped,
                   &device_data_recycled}) {

@@ -19,6 +19,7 @@ struct RunStats {
   std::atomic<int64_t> group_calls{0};       // CompiledGroup::run calls
   std::atomic<int64_t> group_ns{0};          // wall time inside CompiledGroup::run
   std::atomic<int64_t> native_calls{0};      // of those, calls into the code from C++ (native_entry.h)
+  std::atomic<int64_t> native_ns{0};         // wall time inside those calls
   std::atomic<int64_t> rebinds{0};           // computations lowered again for another parameter binding
   // Compiled groups' outputs, and those written into a donated input's
   // buffer (buffer_donation.h); donor candidates cloned first because their
