@@ -24,11 +24,6 @@ NativeEntry::NativeEntry(const std::string& library, std::vector<int64_t> argume
                          std::vector<int64_t> outputs, const std::vector<at::Tensor>& seen,
                          const std::vector<int64_t>& scalars)
     : arguments_(std::move(arguments)), num_results_(num_results), outputs_(std::move(outputs)) {
-  // The library is loaded (Python imported it): this takes another reference.
-  library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  TORCH_CHECK(library_ != nullptr, "lazy_mlir: ", library, " is not loaded: ", dlerror());
-  entry_ = reinterpret_cast<Entry>(dlsym(library_, kEntrySymbol));
-  TORCH_CHECK(entry_ != nullptr, "lazy_mlir: ", library, " has no ", kEntrySymbol);
   for (const int64_t k : arguments_) {
     TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(seen.size()), "lazy_mlir: entry argument ", k, " of ",
                 seen.size(), " inputs");
@@ -44,6 +39,14 @@ NativeEntry::NativeEntry(const std::string& library, std::vector<int64_t> argume
   for (const int64_t k : scalars) {
     TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(seen.size()), "lazy_mlir: scalar input ", k);
     scalars_.push_back({k, seen[k], seen[k]._version()});
+  }
+  // Last, as nothing after it throws. The library is loaded (Python imported it): this takes another reference.
+  library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  TORCH_CHECK(library_ != nullptr, "lazy_mlir: ", library, " is not loaded: ", dlerror());
+  entry_ = reinterpret_cast<Entry>(dlsym(library_, kEntrySymbol));
+  if (entry_ == nullptr) {
+    dlclose(library_);  // the destructor does not run for a constructor that throws
+    TORCH_CHECK(false, "lazy_mlir: ", library, " has no ", kEntrySymbol);
   }
 }
 

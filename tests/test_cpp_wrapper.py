@@ -137,3 +137,16 @@ def test_probe_plans_only_calls_the_wrapper_left_alone():
     assert native_call._plan([a], [r0], [(graph, [a], [r0, r1])]) is None  # a result used otherwise
     python_wrapper = types.SimpleNamespace(current_callable=lambda args: None)
     assert native_call._plan([a], [r0], [(python_wrapper, [a], [r0])]) is None
+
+
+def test_a_library_without_the_entry_is_refused():
+    """What native_entry.h loads must be the loaded C++ wrapper's library with
+    its entry; anything else is an error the executable turns into a
+    warning (the code then runs through Python)."""
+    from lazy_mlir import _C
+    slot = _C.NativeEntrySlot()
+    with pytest.raises(RuntimeError, match="is not loaded"):
+        slot.set("/nonexistent/entry.so", [0], 1, [0], [torch.ones(2)], [])
+    with pytest.raises(RuntimeError, match="has no"):
+        slot.set(_C.__file__, [0], 1, [0], [torch.ones(2)], [])  # loaded, but no inductor_entry_impl
+    assert not slot.active

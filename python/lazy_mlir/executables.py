@@ -318,10 +318,14 @@ class GroupExecutable:
         self._probe_next = False
         outputs, plan = native_call.probe(self.lowered.run, inputs)
         if plan is not None:
-            # C++ checks the scalars' tensors as ScalarGuards does: the very
-            # tensors seen now, unchanged
-            self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, inputs,
-                            [i for i, _ in self.lowered.guards])
+            try:
+                # C++ checks the scalars' tensors as ScalarGuards does: the
+                # very tensors seen now, unchanged
+                self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, inputs,
+                                [i for i, _ in self.lowered.guards])
+            except RuntimeError as exc:  # a library unlike what native_entry.h expects: Python calls it
+                warnings.warn(f"lazy_mlir: {self.name}'s code is called through Python: {exc}", RuntimeWarning,
+                              stacklevel=2)
         return outputs
 
     def _use(self, lowered):
