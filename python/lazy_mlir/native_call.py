@@ -19,8 +19,8 @@ layouts of that run; any other input falls back to the Python path.
 
 What the Python path did that the native call skips: AOTAutograd bumps the
 version counter of an input the graph wrote (a donated buffer: dead once
-the group ran, nothing reads its version) and sets the grad mode (the
-kernels record no autograd).
+the group ran; never 0-d, so never a scalar whose version ScalarGuards
+reads) and sets the grad mode (the kernels record no autograd).
 """
 from __future__ import annotations
 
