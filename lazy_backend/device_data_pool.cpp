@@ -51,16 +51,25 @@ torch::lazy::NodePtr pooledDeviceData(const std::shared_ptr<torch::lazy::Backend
   return node;
 }
 
+namespace {
+
+void releaseFreeData() {  // with g_mutex held
+  for (auto& node : g_slots) {
+    if (node.use_count() == 1) asDeviceData(node)->SetData(nullptr);
+  }
+}
+
+}  // namespace
+
 void devicePoolStepBoundary() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_next = 0;
+  releaseFreeData();
 }
 
 void releasePooledData() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto& node : g_slots) {
-    if (node.use_count() == 1) asDeviceData(node)->SetData(nullptr);
-  }
+  releaseFreeData();
 }
 
 void setDeviceDataPool(bool on) {

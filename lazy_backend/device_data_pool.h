@@ -9,10 +9,14 @@
 // tensor, node or graph can see it), with the new data put in; its hash is
 // its shape's, as a new node's. Slots are taken in the order the step asks
 // for device data (from the first again after each mark_step), so a step
-// like the last one finds its nodes in order. After each graph execution
-// the pooled nodes that nothing else holds let go of their data, so that no
-// buffer read by a past graph stays alive (with mark_step or without: a
-// loop that only reads values with .cpu() executes a graph each time).
+// like the last one finds its nodes in order. At each mark_step, once the
+// step's graph has run and LTC's sync has let go of its nodes, the pooled
+// nodes that nothing else holds let go of their data, so that no buffer a
+// past step read stays alive between steps (the last step's parameters and
+// optimizer state, replaced by its results). At the end of an execution
+// the sync still holds the graph's nodes: a loop that only reads values
+// with .cpu(), without mark_step, has them released at the start of its
+// next execution.
 #pragma once
 
 #include <torch/csrc/lazy/backend/backend_data.h>
@@ -28,10 +32,12 @@ namespace lazy_mlir {
 torch::lazy::NodePtr pooledDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data,
                                       const torch::lazy::IrBuilder* ts);
 
-// After a mark_step: the next step's device data take the slots from the first.
+// At a mark_step, after its sync: the next step's device data take the slots
+// from the first; pooled nodes that nothing else holds release their data.
 void devicePoolStepBoundary();
 
-// After a graph execution: pooled nodes that nothing else holds release their data.
+// Before a graph execution: pooled nodes that nothing else holds (those of
+// earlier executions) release their data.
 void releasePooledData();
 
 // Off: every device-data node is new (pooled nodes are dropped).

@@ -208,11 +208,13 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
       dead = BufferDonation::find(arguments, compiled->donorGroups(), record);
     }
   }
+  // The nodes of earlier executions that nothing holds now: their data goes
+  // (this graph's own are still held by LTC's sync; device_data_pool.h).
+  releasePooledData();
   const DeadBuffers::Scope donations(&dead);
   auto results = ts_->ExecuteComputation(std::move(computation), arguments, device);
   RunStats::get().executions.fetch_add(1);
   RunStats::get().execute_ns.fetch_add(nowNs() - start);
-  releasePooledData();  // the nodes that fed this graph and are free now (device_data_pool.h)
   return results;
 }
 
