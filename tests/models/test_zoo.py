@@ -79,10 +79,13 @@ def max_diffs(a: training.Run, b: training.Run) -> tuple[float, float]:
 _runs: dict[tuple, tuple] = {}  # one eager and one lazy run per (variant, shapes), shared by the tests
 
 
+# A dropout step's groups (dropout stays in TorchScript) compile side by side (parallel_compile)
+O1_OPTIONS = dict(compile_workers=1)
+
+
 @pytest.fixture(scope="module")
 def lazy_o1():
-    # A dropout step's groups (dropout stays in TorchScript) compile side by side (parallel_compile)
-    lazy_mlir.init("O1", compile_workers=1)
+    lazy_mlir.init("O1", **O1_OPTIONS)
     yield
     lazy_mlir.init("O1")
 
@@ -214,3 +217,25 @@ def test_an_item_mid_step_keeps_eagers_dropout_draws(lazy_o1):
     assert lazy_grads.keys() == eager_grads.keys()
     for name, g in eager_grads.items():
         torch.testing.assert_close(lazy_grads[name], g, **FP64_TOLERANCE, msg=name)
+
+
+@pytest.mark.parametrize("model", ["vit", "bert"])
+def test_cpp_wrapped_code_is_called_from_cpp(lazy_o1, model):
+    """With Inductor's C++ wrapper (the default outside this suite, see
+    conftest) a group's code is called from C++ after its first run
+    (lazy_mlir.native_call): HF models train as eager does, and every
+    steady-state group call is a native one."""
+    v = zoo.base_variant(model)
+    lazy_mlir.init("O1", **O1_OPTIONS, cpp_wrapper=True)
+    try:
+        lazy = training.train(v, training.LAZY, shapes=False)
+    finally:
+        lazy_mlir.init("O1", **O1_OPTIONS)
+    eager = training.train(v, CPU, shapes=False)
+    torch.testing.assert_close(lazy.losses, eager.losses, **FP64_TOLERANCE)
+    for name, p in eager.params.items():
+        torch.testing.assert_close(lazy.params[name], p, **FP64_TOLERANCE, msg=name)
+    steady = lazy.phases["steady"]
+    assert steady["fallback_count"] == 0 and steady["groups_fallen_back"] == {}, lazy.reports["steady"]
+    assert steady["native_group_calls"] == steady["compiled_group_calls"] == steady["group_calls"] > 0, \
+        lazy.reports["steady"]
