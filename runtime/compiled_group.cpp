@@ -85,9 +85,7 @@ std::vector<at::Tensor> CompiledGroup::run(std::vector<at::Tensor> inputs) {
         pybind11::object result = executable_.get()(pybind11::cast(std::move(inputs)));
         outputs = result.cast<std::vector<at::Tensor>>();
       }
-    } catch (pybind11::error_already_set& e) {
-      TORCH_CHECK(false, "lazy_mlir: compiled group ", name_, " failed at run time: ", e.what());
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // a Python error (error_already_set) or the native entry's
       TORCH_CHECK(false, "lazy_mlir: compiled group ", name_, " failed at run time: ", e.what());
     }
   }
