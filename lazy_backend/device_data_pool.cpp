@@ -5,6 +5,7 @@
 #include <torch/csrc/lazy/ts_backend/ops/device_data.h>
 
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace lazy_mlir {
@@ -19,6 +20,9 @@ std::mutex g_mutex;  // a step may be traced on another thread than the last one
 bool g_on = true;
 std::vector<torch::lazy::NodePtr> g_slots;
 size_t g_next = 0;  // the slot the next request takes
+// Released at a mark_step and no execution since: the next execution's
+// release would find nothing to free (one scan of the slots per step).
+bool g_released_at_boundary = false;
 
 torch::lazy::DeviceData* asDeviceData(const torch::lazy::NodePtr& node) {
   return const_cast<torch::lazy::DeviceData*>(torch::lazy::DeviceData::Cast(node.get()));
@@ -65,11 +69,12 @@ void devicePoolStepBoundary() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_next = 0;
   releaseFreeData();
+  g_released_at_boundary = true;
 }
 
 void releasePooledData() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  releaseFreeData();
+  if (!std::exchange(g_released_at_boundary, false)) releaseFreeData();
 }
 
 void setDeviceDataPool(bool on) {

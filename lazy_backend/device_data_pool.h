@@ -37,7 +37,8 @@ torch::lazy::NodePtr pooledDeviceData(const std::shared_ptr<torch::lazy::Backend
 void devicePoolStepBoundary();
 
 // Before a graph execution: pooled nodes that nothing else holds (those of
-// earlier executions) release their data.
+// earlier executions) release their data; nothing to do for the first
+// execution after a mark_step, which released them.
 void releasePooledData();
 
 // Off: every device-data node is new (pooled nodes are dropped).
