@@ -39,13 +39,15 @@ from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, bac
                        not_captured, not_compiled, ratio_cells, split_cells, take_turns)
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
-            "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture", "lazy_mlir_O2"]
+            "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs", "lazy_mlir_O2"]
 # lazy_mlir rows: level and init() options
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
                   # AdamW traced op by op (Config.fuse_optimizer, on by default, off)
                   "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False}),
-                  "lazy_mlir_O1_capture": ("O1", {})}
-CAPTURED_ROWS = {"lazy_mlir_O1_capture"}  # the model under lazy_mlir.capture
+                  "lazy_mlir_O1_capture": ("O1", {}),
+                  # on a GPU: the groups' code called kernel by kernel (Config.cuda_graphs off)
+                  "lazy_mlir_O1_capture_no_cuda_graphs": ("O1", {"cuda_graphs": False})}
+CAPTURED_ROWS = {"lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs"}  # the model under lazy_mlir.capture
 
 
 def _step_fn(variant: str, init_options: dict, split: StepSplit | None):

@@ -109,6 +109,9 @@ def not_compiled(s: dict, level: str) -> str | None:
         return "no group ran generated code"
     if s["fallback_count"]:
         return "eager fallbacks: " + ", ".join(f"{op} x{n}" for op, n in s["fallbacks"].items())
+    if s["cuda_graph_refusals"]:  # on a GPU: code that was to be replayed launched kernel by kernel
+        name, why = next(iter(s["cuda_graph_refusals"].items()))
+        return f"{len(s['cuda_graph_refusals'])} group(s) not replayed as CUDA graphs, e.g. {name}: {why[:200]}"
     return None
 
 
@@ -130,15 +133,18 @@ class GeneratedCodeClock:
     a C++ wrapper (lazy_mlir's Config.cpp_wrapper, on by default) calls them
     without Python, and take_turns reports nan. Wraps those entry points
     for the whole process, and adds the time of lazy_mlir's calls into its
-    code from C++ (native_call: no Python entry point to wrap); ``take()``
+    code from C++ (native_call: no Python entry point to wrap) and of its
+    CUDA graph replays (cuda_graphs, with the copies in and out); ``take()``
     returns and clears the seconds since the last take."""
 
     def __init__(self):
         from torch._inductor import output_code
         from torch._inductor.select_algorithm import extern_kernels
+        from lazy_mlir import cuda_graphs
         self.seconds = {"graph": 0.0, "matmul": 0.0}
         self._native_ns = _native_ns()
         self._wrap(output_code.CompiledFxGraph, "__call__", "graph")
+        self._wrap(cuda_graphs.GraphedCode, "__call__", "graph")
         for name in ("mm", "addmm", "bmm"):
             self._wrap(extern_kernels, name, "matmul")
 

@@ -52,13 +52,43 @@ def lazy_train(devices, *args):
     assert_compiled(s, calls=s["mark_steps"])
     assert s["graph_executions"] == s["mark_steps"]
     assert devices == {"cuda"}, devices
+    assert_replayed(s)
     return result
+
+
+def assert_replayed(s: dict) -> None:
+    """With CUDA graphs on, every group run after its first was a graph's replay."""
+    if lazy_mlir.config.current.cuda_graphs:
+        assert s["cuda_graph_refusals"] == {}, metrics.report()
+        assert s["cuda_graph_replays"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
+    else:
+        assert s["cuda_graphs_captured"] == s["cuda_graph_replays"] == 0, metrics.report()
 
 
 def test_mlp_sgd_matches_eager_on_the_gpu(on_cuda):
     batches = [(x.double(), y) for x, y in mlp_batches()]
     eager = train(fp64(make_mlp), sgd, batches, CUDA)
     assert_same_training(eager, lazy_train(on_cuda, fp64(make_mlp), sgd, batches), rtol=1e-9, atol=1e-11)
+
+
+def test_outputs_of_a_replay_outlive_the_next_one(on_cuda):
+    """A CUDA graph's replay overwrites its own output buffers: the losses,
+    held as lazy tensors until after the last step, must keep each step's
+    value (cuda_graphs copies the outputs out)."""
+    batches = [(x.double(), y) for x, y in mlp_batches(steps=6)]
+    eager = train(fp64(make_mlp), sgd, batches, CUDA)[0]
+    model = fp64(make_mlp)().to(LAZY)
+    opt = sgd(model)
+    held = []
+    for x, y in batches:
+        loss = model(x.to(LAZY), y.to(LAZY))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch._lazy.mark_step()
+        held.append(loss)
+    torch.testing.assert_close(torch.stack([loss.cpu() for loss in held]), eager, rtol=1e-9, atol=1e-11)
+    assert_replayed(metrics.snapshot())
 
 
 def test_gpt_adamw_matches_eager_on_the_gpu(on_cuda):

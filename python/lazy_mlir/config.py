@@ -87,6 +87,10 @@ class Config:
     # (lazy_mlir.native_call); read at each init(), for every group.
     # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
     native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
+    # On a GPU, replay a group's generated code as one CUDA graph from its
+    # second run on (lazy_mlir.cuda_graphs): one launch instead of one per
+    # kernel. LAZY_MLIR_CUDA_GRAPHS=0 turns it off.
+    cuda_graphs: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CUDA_GRAPHS", True))
     # Set by the backend on one fusion group's copy of the config, never by
     # users: the group inputs its code may write outputs into.
     donated_inputs: tuple = ()
@@ -105,7 +109,7 @@ class Config:
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
-                   "compile_workers", "auto_prepare", "fuse_optimizer", "native_calls")
+                   "compile_workers", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -18,8 +18,8 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (_C, background, compile_cache, config, group_key, metrics, native_call, parallel_compile, recompiles,
-               shape_generic, syncs)
+from . import (_C, background, compile_cache, config, cuda_graphs, group_key, metrics, native_call, parallel_compile,
+               recompiles, shape_generic, syncs)
 from .group_lowering import adopt_code, generate_code, lower_group, prepare_group
 
 
@@ -202,6 +202,10 @@ class GroupExecutable:
         # The current code offered to the C++ CompiledGroup (native_call),
         # cleared whenever the code changes.
         self.native = _C.NativeEntrySlot()
+        # cuda_graphs: runs of the current code left before its capture
+        # (0: never), set by _use for each new code
+        self._capture_after = 0
+        self._graphed = None  # the current code as a CUDA graph, once captured
         self._run = self._first_run
         parallel_compile.bound(name)
 
@@ -213,6 +217,8 @@ class GroupExecutable:
     def _run(self, code):
         self._code = code
         self.native.clear()
+        self._graphed = None
+        self._runs_to_capture = self._capture_after
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self._run(inputs)
@@ -311,6 +317,14 @@ class GroupExecutable:
         return self._call_code(inputs)
 
     def _call_code(self, inputs):
+        if self._graphed is not None:
+            return self._graphed(inputs)
+        if self._runs_to_capture:
+            self._runs_to_capture -= 1
+            if not self._runs_to_capture:
+                self._graphed = cuda_graphs.capture(self.name, self.lowered.run, inputs)
+                if self._graphed is not None:
+                    return self._graphed(inputs)
         if not self._probe_next:
             return self.lowered.run(inputs)
         # The code's first run: it also tells whether C++ may call the code
@@ -330,6 +344,10 @@ class GroupExecutable:
 
     def _use(self, lowered):
         self._probe_next = lowered is not None and not isinstance(lowered, _Compiling) and not lowered.collective_bytes
+        self._capture_after = 0
+        compiled = lowered is not None and not isinstance(lowered, _Compiling)
+        if compiled and cuda_graphs.refusal(self.cfg, lowered) is None:
+            self._capture_after = cuda_graphs.RUNS_BEFORE_CAPTURE
         if isinstance(lowered, _Compiling):
             self.lowered, self._compiling = None, lowered
             self._interpreter = TorchScriptExecutable(self.graph, self.name, metrics.count_interpreted_group_call,

@@ -32,6 +32,10 @@ _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" .
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
 _captures: collections.Counter = collections.Counter()  # capture: "replayed" / "recorded" / "refused" calls
 _capture_refusals: dict[str, str] = {}  # module class -> why its forward runs op by op
+_cuda_graphs: collections.Counter = collections.Counter()  # cuda_graphs: "captured" / "replayed" / "refused"
+# group name -> why its code is not replayed as a CUDA graph (kept across reset:
+# decided at a compile or a second run, before the steps a benchmark times)
+_cuda_graph_refusals: dict[str, str] = {}
 # What setup graphs (steady_state's) added to the backend's and LTC's counters:
 # left out of the step figures, counted as "setup_graphs".
 _setup: collections.Counter = collections.Counter()
@@ -119,6 +123,15 @@ def count_capture(outcome: str, module: str | None = None, why: str | None = Non
             _capture_refusals[module] = why
 
 
+def count_cuda_graph(outcome: str, group: str | None = None, why: str | None = None) -> None:
+    """A GPU group's code "captured" into a CUDA graph, "replayed" (one run),
+    or "refused" at its capture (``why``: inputs off the GPU, a failed capture)."""
+    with _lock:
+        _cuda_graphs[outcome] += 1
+        if why is not None:
+            _cuda_graph_refusals[group] = why
+
+
 def count_cache(outcome: str) -> None:
     with _lock:
         _group_cache[outcome] += 1
@@ -203,6 +216,8 @@ def snapshot() -> dict:
         optimizer_groups = dict(_optimizer_groups)
         captures = dict(_captures)
         capture_refusals = dict(_capture_refusals)
+        cuda_graphs = dict(_cuda_graphs)
+        cuda_graph_refusals = dict(_cuda_graph_refusals)
     mark_steps = _ltc_counter("MarkStep") - setup.get("MarkStep", 0)
     uncached = _ltc_counter("UncachedCompile") - setup.get("UncachedCompile", 0)
     cached = _ltc_counter("CachedCompile") - setup.get("CachedCompile", 0)
@@ -259,6 +274,10 @@ def snapshot() -> dict:
         "capture_records": captures.get("recorded", 0),
         "capture_refused": captures.get("refused", 0),
         "capture_refusals": capture_refusals,
+        # cuda_graphs: GPU groups' code captured, runs replayed, captures refused (group -> why)
+        "cuda_graphs_captured": cuda_graphs.get("captured", 0),
+        "cuda_graph_replays": cuda_graphs.get("replayed", 0),
+        "cuda_graph_refusals": cuda_graph_refusals,
         "stage_runs": stage_runs,
         "recompiles": recompiles,
         "seconds": {
@@ -296,6 +315,7 @@ def reset() -> None:
         _optimizer_groups.clear()
         _captures.clear()
         _capture_refusals.clear()
+        _cuda_graphs.clear()
 
 
 def report() -> str:
@@ -340,6 +360,11 @@ def report() -> str:
                      f"{s['capture_refused']} run op by op")
         for module, why in s["capture_refusals"].items():
             lines.append(f"    {module}: {why}")
+    if s["cuda_graphs_captured"] or s["cuda_graph_refusals"]:
+        lines.append(f"  CUDA graphs          {s['cuda_graphs_captured']} captured, "
+                     f"{s['cuda_graph_replays']} replays")
+        for group, why in s["cuda_graph_refusals"].items():
+            lines.append(f"    not captured {group}: {why}")
     lines.append(f"  fallbacks            {s['fallback_count']}")
     for op, n in sorted(s["fallbacks"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {op:<30} {n}")

@@ -1,0 +1,105 @@
+"""A GPU group's generated code replayed as one CUDA graph.
+
+On a GPU the step is bound by the CPU launching kernels: Inductor's Python
+wrapper launches each Triton kernel in turn (README: GPT-mini's generated
+code took as long on the CPU as torch.compile's, ~100 launches a step).
+Once a group has run the same code twice, its code is captured into a CUDA
+graph on buffers of its own; each later run copies the inputs into those
+buffers (one multi-tensor copy per dtype), replays the graph (one launch),
+and copies the outputs out into fresh tensors.
+
+The copy out is what keeps the results right: LTC holds a group's outputs
+as device data for as long as anything refers to them (a loss read after
+the next step, a parameter the next step does not update), and the graph's
+own buffers are overwritten by its next replay.
+
+Not captured: groups with collectives (NCCL's own streams), with buffers
+donated to the code (written in place by design), and code that takes an
+input off the GPU (a host value read at launch would be baked in). Random
+ops never reach a group (compilable.DENIED: they draw in the TorchScript
+glue, whose results are inputs). A capture that fails leaves the code
+running as before, with a warning.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import metrics
+
+# Runs of the same code (the first compiles it and autotunes its kernels)
+# before it is captured.
+RUNS_BEFORE_CAPTURE = 2
+
+
+def refusal(cfg, lowered) -> str | None:
+    """Why a group's code is never captured, or None (then its inputs decide, see capture)."""
+    if not cfg.cuda_graphs or cfg.device != "cuda":
+        return "off"
+    if lowered.collective_bytes:
+        return "collectives"
+    if cfg.donated_inputs:
+        return "donated inputs"
+    return None
+
+
+class GraphedCode:
+    """``run`` (list[Tensor] -> list[Tensor]) captured for inputs laid out as ``inputs``."""
+
+    def __init__(self, run, inputs: list[torch.Tensor]):
+        self.inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in inputs]
+        # _foreach_copy_ takes its one-launch route for tensors of one dtype
+        self._copy_in = _by_dtype(self.inputs)
+        self._copy(self.inputs, inputs, self._copy_in)
+        # Library state made at a first call (cuBLAS workspaces) must exist before the capture.
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            run(self.inputs)
+        current.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: a compile on another thread may use the GPU meanwhile
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.outputs = list(run(self.inputs))
+        self._copy_out = _by_dtype(self.outputs)
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        self._copy(self.inputs, inputs, self._copy_in)
+        self.graph.replay()
+        metrics.count_cuda_graph("replayed")
+        fresh = [torch.empty_like(t) for t in self.outputs]
+        self._copy(fresh, self.outputs, self._copy_out)
+        return fresh
+
+    @staticmethod
+    def _copy(destinations, sources, by_dtype):
+        for positions in by_dtype:
+            torch._foreach_copy_([destinations[i] for i in positions], [sources[i] for i in positions])
+
+
+def _by_dtype(tensors) -> list[list[int]]:
+    positions: dict = {}
+    for i, t in enumerate(tensors):
+        positions.setdefault(t.dtype, []).append(i)
+    return list(positions.values())
+
+
+def capture(name: str, run, inputs: list[torch.Tensor]) -> GraphedCode | None:
+    """The code captured for these inputs, or None (counted, and warned when the capture failed)."""
+    off_gpu = sorted({str(t.device) for t in inputs if t.device.type != "cuda"})
+    if off_gpu:
+        metrics.count_cuda_graph("refused", name, f"inputs on {', '.join(off_gpu)}")
+        return None
+    try:
+        graphed = GraphedCode(run, inputs)
+    except Exception as exc:  # noqa: BLE001 - the code runs as before; the user is told why
+        torch.cuda.synchronize()
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        metrics.count_cuda_graph("refused", name, f"capture failed: {type(exc).__name__}: {first}")
+        warnings.warn(f"lazy_mlir: {name}'s code is not replayed as a CUDA graph: capture failed "
+                      f"({type(exc).__name__}: {first})", RuntimeWarning, stacklevel=2)
+        return None
+    metrics.count_cuda_graph("captured", name)
+    return graphed
