@@ -1,9 +1,10 @@
-"""GPT-mini data-parallel training step on 2 CPU ranks: FSDP2 vs lazy_mlir ZeRO.
+"""GPT-mini data-parallel training step on 2 CPU ranks (or GPUs): FSDP2 vs lazy_mlir ZeRO.
 
 Runs in one invocation (re-launching itself under torchrun, gloo, one thread
 per rank): FSDP2 (``fully_shard`` per block, then the root) eager, FSDP2
 under torch.compile (the sharded model compiled, and its optimizer step),
-lazy_mlir ZeRO stages 1, 2 and 3, and DeepSpeed ZeRO-3 when it is installed. Each rank
+lazy_mlir ZeRO stages 1, 2 and 3, and DeepSpeed ZeRO-3, eager and with
+DeepCompile (CUDA only), when DeepSpeed is installed. Each rank
 trains on its slice of the global batch from the same initial weights. Prints
 a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
 parameters + gradients + optimizer state against the unsharded total, and
@@ -13,6 +14,10 @@ variant that fails shows FAILED and why instead of a figure, and the script
 exits 1.
 
     .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 5] [--only fsdp2,zero3]
+
+``--device cuda`` runs each rank on its own GPU over NCCL (``--nproc 1`` on a
+one-GPU machine), the lazy device backed by CUDA. DeepCompile re-plans its
+graph at its 5th step: give it ``--warmup 8`` so that falls in the warm-up.
 """
 from __future__ import annotations
 
@@ -27,13 +32,14 @@ import traceback
 
 from child import exit_if_failed
 
-VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "deepspeed"]
+VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "deepspeed", "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
 # them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
 # all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
 # reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
 # all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
-THEORY_PSI = {"fsdp2": 3, "fsdp2_compiled": 3, "zero1": 3, "zero2": 2, "zero3": 3, "deepspeed": 3}
+THEORY_PSI = {"fsdp2": 3, "fsdp2_compiled": 3, "zero1": 3, "zero2": 2, "zero3": 3, "deepspeed": 3,
+              "deepcompile": 3}
 MIB = 2 ** 20
 
 
@@ -65,6 +71,8 @@ def _build(variant: str, cfg, args):
     from lazy_mlir.models import make_adamw, make_gpt
 
     model = make_gpt(cfg, seed=0)
+    if not variant.startswith("zero"):  # the zero variants move it to the lazy device
+        model = model.to(args.device)
     if variant.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:
@@ -88,11 +96,23 @@ def _build(variant: str, cfg, args):
             opt.zero_grad(set_to_none=True)
             return report
         return step, memory
-    if variant == "deepspeed":
+    if variant in ("deepspeed", "deepcompile"):
         import deepspeed
+        # memory_efficient_linear off: ZeRO-3 would replace torch.nn.functional.linear for the whole
+        # process (every variant's), and DeepCompile's compile() puts the original back (for both engines)
         ds_config = {"train_micro_batch_size_per_gpu": cfg.batch_size // args.nproc,
-                     "zero_optimization": {"stage": 3}}
+                     "zero_optimization": {"stage": 3, "memory_efficient_linear": False}}
+        if variant == "deepcompile":
+            from deepspeed.compile.util import is_deepcompile_supported
+            if not is_deepcompile_supported():
+                raise RuntimeError("DeepCompile needs torch >= 2.6 and the cuda accelerator (--device cuda)")
+            ds_config["compile"] = {"deepcompile": True}
         engine, *_ = deepspeed.initialize(model=model, optimizer=make_adamw(model), config=ds_config)
+        if variant == "deepcompile":
+            _predict_allgather_without_scipy()
+            engine.compile()
+            if not engine.is_deepcompile_active():  # it falls back to plain torch.compile, logging only
+                raise RuntimeError("DeepSpeed did not activate DeepCompile")
 
         def step(x, y, zero_grad=True):
             loss = engine(x, y)
@@ -127,33 +147,64 @@ def _build(variant: str, cfg, args):
     return step, memory
 
 
+def _predict_allgather_without_scipy():
+    """DeepCompile's prefetch pass fits its all-gather timings with scipy's
+    interp1d, and the GPU machine has no scipy: numpy's interp instead."""
+    try:
+        import scipy.interpolate  # noqa: F401
+        return
+    except ImportError:
+        pass
+    import numpy as np
+    from deepspeed.compile.passes import prefetch
+    from deepspeed.compile.profilers import comm_profile
+
+    def create_predictor():
+        try:
+            return comm_profile.create_predictor()
+        except RuntimeError as e:  # "Please install scipy ...", raised after the timings are taken
+            if "scipy" not in str(e):
+                raise
+            sizes, times = zip(*comm_profile.profile_results)
+            return lambda size: float(np.interp(size, sizes, times)) if size else 0
+    prefetch.create_predictor = create_predictor
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
     from lazy_mlir.models import GPTConfig, gpt_batches, make_gpt
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+    else:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     cfg = GPTConfig(n_layer=args.n_layer, n_embd=args.n_embd, batch_size=args.batch_size)
     rows = cfg.batch_size // world
     batches = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
                for x, y in gpt_batches(cfg, args.warmup + args.steps)]
+    # the zero variants take them from the CPU (x.to("lazy")), the others from the device
+    device_batches = [(x.to(args.device), y.to(args.device)) for x, y in batches]
     psi = sum(p.numel() * p.element_size() for p in make_gpt(cfg).parameters())
 
-    variants = args.only.split(",")
-    if "deepspeed" in variants:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # by default all that can run: DeepCompile runs on CUDA only
+    variants = (args.only or ",".join(v for v in VARIANTS if args.device == "cuda" or v != "deepcompile")).split(",")
+    ds_variants = [v for v in variants if v in ("deepspeed", "deepcompile")]
+    if ds_variants:
+        os.environ.setdefault("DS_ACCELERATOR", args.device)
         try:
             import deepspeed  # noqa: F401
         except ImportError:
             log("deepspeed: not installed, skipped")
-            variants.remove("deepspeed")
+            variants = [v for v in variants if v not in ds_variants]
     if any(v.startswith("zero") for v in variants):
         import lazy_mlir
         import lazy_mlir.zero as zero
-        lazy_mlir.init()
+        lazy_mlir.init(device=args.device)
     built, failed = {}, {}
     for v in variants:
         try:
@@ -171,11 +222,13 @@ def worker(args):
             dist.barrier()
             times = []
             try:
-                for i, (x, y) in enumerate(batches):
+                for i, (x, y) in enumerate(batches if v.startswith("zero") else device_batches):
                     if i == args.warmup and v.startswith("zero"):
                         zero.reset_comm_stats()
                     start = time.perf_counter()
                     loss = step(x, y)
+                    if args.device == "cuda":  # the step's kernels have only been queued
+                        torch.cuda.synchronize()
                     times.append(time.perf_counter() - start)
             except Exception as e:  # noqa: BLE001 - e.g. torch.compile of FSDP2 on gloo: a FAILED row
                 log(f"{v} failed:\n{traceback.format_exc()}")
@@ -189,7 +242,7 @@ def worker(args):
                 runs[v]["comm_bytes_per_step"] = {op: b / args.steps for op, b in comm.items()}
     for v, (step, memory) in built.items():  # one untimed step that keeps its grads, for memory
         dist.barrier()
-        step(*batches[0], zero_grad=False)
+        step(*(batches if v.startswith("zero") else device_batches)[0], zero_grad=False)
         runs[v]["memory"] = memory() if memory else None
         runs[v]["ms_per_step"] = statistics.median(runs[v]["round_ms"])
     if rank == 0:
@@ -205,8 +258,10 @@ def _why(exc: Exception) -> str:
 
 
 def report(args, cfg, psi, runs, failed):
+    import torch
+    ranks = f"nccl ranks ({torch.cuda.get_device_name()})" if args.device == "cuda" else "gloo ranks"
     print(f"\nGPT-mini ({cfg.n_layer} layers, d {cfg.n_embd}, global batch {cfg.batch_size}) on {args.nproc} "
-          f"gloo ranks, {args.steps} timed steps after {args.warmup} warm-up (median), median of {args.rounds} "
+          f"{ranks}, {args.steps} timed steps after {args.warmup} warm-up (median), median of {args.rounds} "
           f"interleaved round(s); Ψ = {psi / MIB:.2f} MiB of parameters")
     print(f"{'variant':<16}{'ms/step':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
           f"{'comm MiB/step':>15}{'theory':>16}{'meas/th':>9}{'loss':>9}")
@@ -244,11 +299,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5,
                         help="run every variant this many times, interleaved; report the median round")
-    parser.add_argument("--only", default=",".join(VARIANTS))
+    parser.add_argument("--only", help=f"comma-separated, of {','.join(VARIANTS)} (default: all; on cpu, "
+                                       "all but deepcompile)")
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8, help="global batch, split over the ranks")
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks; with --device cuda, one GPU each")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: NCCL, each rank on its GPU, the lazy device backed by CUDA")
     parser.add_argument("--prefetch-bytes", type=int, default=8 * MIB)
     parser.add_argument("--reuse-bytes", type=int, default=None,
                         help="ZeRO-3: keep a gathered parameter until its next use across at most this many "
@@ -261,14 +319,26 @@ def main():
                         help="parameters with fewer elements are not sharded")
     parser.add_argument("--json", default="zero_step.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:
-        worker(args)
+        worker(parser.parse_args(json.loads(os.environ["ZERO_STEP_ARGS"])))
         return
+    args = parser.parse_args()
+    if args.device == "cuda":  # said here, before torchrun starts ranks that would each fail
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            parser.error("--device cuda: torch sees no GPU (torch.cuda.is_available() is False"
+                         + (", a CPU build of torch)" if torch.version.cuda is None else ")"))
+        if args.nproc > gpus:  # NCCL refuses two ranks on one GPU
+            parser.error(f"--device cuda: --nproc {args.nproc} needs {args.nproc} GPUs (one per rank), torch "
+                         f"sees {gpus}; pass --nproc {gpus}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
-           os.path.abspath(__file__), "--worker", *sys.argv[1:]]
-    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+           os.path.abspath(__file__), "--worker"]
+    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack. The options reach
+    # the ranks in ZERO_STEP_ARGS: torchrun reads those after the script too, --nproc as its --nproc-per-node
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", ZERO_STEP_ARGS=json.dumps(sys.argv[1:]))
+    if args.device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
     sys.exit(subprocess.run(cmd, env=env).returncode)
 
 

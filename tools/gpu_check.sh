@@ -14,10 +14,16 @@
 #   tests    tests/test_cuda.py (MLP, GPT-mini, HF GPT-2 at O1 and O2, fp64 vs
 #            eager on the GPU) and ZeRO stages 1-3 on NCCL (one rank);
 #            TESTS_S seconds at most
-#   nccl2    whether NCCL takes two ranks on the one GPU (NCCL2=0 skips it)
-#   bench    benchmarks/gpt_step.py --paired on the GPU, rows BENCH_ROWS
-#            (eager, torch.compile(model), torch.compile(model + optimizer)
-#            and O1), BENCH_S seconds at most
+#   nccl2    with NCCL2=1, whether NCCL takes two ranks on the one GPU (it did
+#            not on 2026-11-26: "Duplicate GPU detected")
+#   bench    benchmarks/gpt_step.py --paired on the GPU, once per lazy_mlir
+#            row (the model captured; then, after zero, BENCH_ROWS: captured
+#            without CUDA graphs, O1), each beside eager and
+#            torch.compile(model + optimizer); BENCH_S seconds at most each
+#   zero     benchmarks/zero_step.py --device cuda on one NCCL rank: our
+#            ZeRO-3 against DeepSpeed ZeRO-3 with DeepCompile and without
+#            (ZERO_ROWS, ZERO_S seconds at most; DeepSpeed from .whl/)
+# Most important first: a run cut short still says what matters.
 # `--build-only` stops after the build.
 set -u
 cd "$(dirname "$0")/.."
@@ -56,6 +62,18 @@ build_with() {  # $1: the compiler (cmake's Torch package also wants the CUDA to
       -DCMAKE_CXX_COMPILER="$1" >> "$OUT/build.log" 2>&1 \
     && cmake --build build/gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 && cp build/gpu/_C*.so python/lazy_mlir/
 }
+# DeepSpeed (for DeepCompile) travels as wheels in .whl/ (ignored), made where
+# pip works (a DS_BUILD_OPS=0 wheel of deepspeed, pydantic and the rest its
+# requirements lack there). Its DeepCompile op is JIT-built by nvcc: started
+# now, beside our build, so that zero_step finds it built.
+if ls .whl/*.whl > /dev/null 2>&1; then
+  step "deepspeed from .whl"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ds_site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/ds_site" DS_SKIP_CUDA_CHECK=1 \
+    && (timeout 400 python3 -c "from deepspeed.ops.op_builder import DeepCompileBuilder; DeepCompileBuilder().load()" \
+        > "$OUT/dc_build.log" 2>&1 &)
+fi
+
 # The extension must use the process's one libstdc++: a compiler that links
 # it statically (seen: the lent machines' /opt/gcc/bin/g++) makes one that
 # segfaults in torch's iostreams. Each compiler on the machine is tried until
@@ -72,11 +90,11 @@ done
 [ "${1:-}" = "--build-only" ] && exit 0
 
 step tests
-timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -n 8 -rs tests/test_cuda.py \
+timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 8 -rs tests/test_cuda.py \
   tests/zero/test_zero.py::test_zero_on_nccl_matches_single_process 2>&1 | tee "$OUT/tests.txt" | tail -40
 
 step "nccl with two ranks on one GPU"
-[ "${NCCL2:-1}" = 1 ] && {
+[ "${NCCL2:-0}" = 1 ] && {
 cat > /tmp/nccl2.py <<'EOF'
 import torch, torch.distributed as dist
 torch.cuda.set_device(0)
@@ -89,8 +107,22 @@ timeout 60 python3 -m torch.distributed.run --nproc_per_node=2 /tmp/nccl2.py > "
 echo "exit $?" >> "$OUT/nccl2.txt"
 grep -m3 -i "all_reduce ->\|duplicate\|error" "$OUT/nccl2.txt"; tail -1 "$OUT/nccl2.txt"; }
 
-step bench
-(cd benchmarks && timeout "${BENCH_S:-240}" python3 gpt_step.py --paired --steps 20 --warmup 5 \
-  --only "${BENCH_ROWS:-eager,compile_model,compile_model_opt,lazy_mlir_O1}" --json "$OUT/gpt_step.json") 2>&1 \
-  | tee "$OUT/bench.txt" | tail -25
+# --paired takes one lazy_mlir row: one run per row, each beside eager and
+# torch.compile(model + opt) in its process
+bench() {
+  step "bench $1"
+  (cd benchmarks && timeout "${BENCH_S:-130}" python3 gpt_step.py --paired --steps 20 --warmup 5 \
+    --only "eager,compile_model_opt,$1" --json "$OUT/gpt_step.$1.json") 2>&1 \
+    | tee -a "$OUT/bench.txt" | grep -A12 "^GPT-mini step"
+}
+bench lazy_mlir_O1_capture
+
+# ZeRO-3 against DeepSpeed's ZeRO-3, eager and DeepCompile, one NCCL rank
+step zero
+(cd benchmarks && timeout "${ZERO_S:-150}" python3 zero_step.py --device cuda --nproc 1 \
+   --only "${ZERO_ROWS:-zero3,deepcompile,deepspeed}" --steps 10 --warmup 8 --rounds 2 --json "$OUT/zero_step.json") \
+  > "$OUT/zero.txt" 2>&1
+grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || tail -30 "$OUT/zero.txt"
+
+for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_mlir_O1}; do bench "$row"; done
 step done
