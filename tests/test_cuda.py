@@ -87,7 +87,8 @@ def test_outputs_of_a_replay_outlive_the_next_one(on_cuda):
         opt.zero_grad()
         torch._lazy.mark_step()
         held.append(loss)
-    torch.testing.assert_close(torch.stack([loss.cpu() for loss in held]), eager, rtol=1e-9, atol=1e-11)
+    # eager's losses went through item() into a float32 tensor
+    torch.testing.assert_close(torch.stack([loss.cpu() for loss in held]).float(), eager, rtol=1e-6, atol=1e-7)
     assert_replayed(metrics.snapshot())
 
 

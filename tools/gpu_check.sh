@@ -23,7 +23,8 @@
 #   zero     benchmarks/zero_step.py --device cuda on one NCCL rank: our
 #            ZeRO-3 against DeepSpeed ZeRO-3 with DeepCompile and without
 #            (ZERO_ROWS, ZERO_S seconds at most; DeepSpeed from .whl/)
-# Most important first: a run cut short still says what matters.
+# Most important first: a run cut short still says what matters. PHASES
+# picks some of "tests bench zero more" (default: all).
 # `--build-only` stops after the build.
 set -u
 cd "$(dirname "$0")/.."
@@ -65,11 +66,14 @@ build_with() {  # $1: the compiler (cmake's Torch package also wants the CUDA to
 # DeepSpeed (for DeepCompile) travels as wheels in .whl/ (ignored), made where
 # pip works (a DS_BUILD_OPS=0 wheel of deepspeed, pydantic and the rest its
 # requirements lack there). Its DeepCompile op is JIT-built by nvcc: started
-# now, beside our build, so that zero_step finds it built.
+# now, beside our build, so that zero_step finds it built. DeepSpeed's builder
+# cannot parse an arch like "9.0a" (seen in the machine's TORCH_CUDA_ARCH_LIST):
+# the GPU's own capability instead.
 if ls .whl/*.whl > /dev/null 2>&1; then
   step "deepspeed from .whl"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ds_site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/ds_site" DS_SKIP_CUDA_CHECK=1 \
+    && export TORCH_CUDA_ARCH_LIST="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')" \
     && (timeout 400 python3 -c "from deepspeed.ops.op_builder import DeepCompileBuilder; DeepCompileBuilder().load()" \
         > "$OUT/dc_build.log" 2>&1 &)
 fi
@@ -89,9 +93,11 @@ done
 [ -n "$built" ] || { echo "no compiler made a working extension"; exit 1; }
 [ "${1:-}" = "--build-only" ] && exit 0
 
-step tests
+phase() { [[ " ${PHASES:-tests bench zero more} " == *" $1 "* ]]; }
+
+phase tests && { step tests
 timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 8 -rs tests/test_cuda.py \
-  tests/zero/test_zero.py::test_zero_on_nccl_matches_single_process 2>&1 | tee "$OUT/tests.txt" | tail -40
+  tests/zero/test_zero.py::test_zero_on_nccl_matches_single_process 2>&1 | tee "$OUT/tests.txt" | tail -40; }
 
 step "nccl with two ranks on one GPU"
 [ "${NCCL2:-0}" = 1 ] && {
@@ -115,14 +121,14 @@ bench() {
     --only "eager,compile_model_opt,$1" --json "$OUT/gpt_step.$1.json") 2>&1 \
     | tee -a "$OUT/bench.txt" | grep -A12 "^GPT-mini step"
 }
-bench lazy_mlir_O1_capture
+phase bench && bench lazy_mlir_O1_capture
 
 # ZeRO-3 against DeepSpeed's ZeRO-3, eager and DeepCompile, one NCCL rank
-step zero
+phase zero && { step zero
 (cd benchmarks && timeout "${ZERO_S:-150}" python3 zero_step.py --device cuda --nproc 1 \
    --only "${ZERO_ROWS:-zero3,deepcompile,deepspeed}" --steps 10 --warmup 8 --rounds 2 --json "$OUT/zero_step.json") \
   > "$OUT/zero.txt" 2>&1
-grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || tail -30 "$OUT/zero.txt"
+grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || tail -30 "$OUT/zero.txt"; }
 
-for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_mlir_O1}; do bench "$row"; done
+phase more && for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_mlir_O1}; do bench "$row"; done
 step done
