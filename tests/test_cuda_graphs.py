@@ -44,8 +44,8 @@ def test_each_group_is_captured_at_its_second_run_and_replayed_after(captured):
     assert_same_training(eager, lazy)
     s = metrics.snapshot()
     assert_compiled(s, calls=5)
-    # the first step's graph runs once (its group never twice): not captured
-    assert 0 < len(captured) < s["groups_built"], metrics.report()
+    # at most one capture per group (a graph run once, as a first step's can be, has none)
+    assert 0 < len(captured) <= s["groups_built"], metrics.report()
     # every run but each group's first went to the captured code
     assert sum(c.calls for c in captured) == s["compiled_group_calls"] - s["groups_built"], metrics.report()
 
