@@ -25,7 +25,8 @@
 #            (ZERO_ROWS, ZERO_S seconds at most; DeepSpeed from .whl/)
 # Most important first: a run cut short still says what matters. PHASES
 # picks some of "tests bench zero more" (default: all).
-# `--build-only` stops after the build.
+# `--build-only` stops after the build; `--pack` and `--pack-deepspeed` make
+# what the machine cannot fetch (.gpu/, .whl/: carry both).
 set -u
 cd "$(dirname "$0")/.."
 PACK=.gpu/torch_mlir_site.tar.xz
@@ -39,6 +40,19 @@ if [ "${1:-}" = "--pack" ]; then
   rm -f "$tmp/site/torch_mlir/_mlir_libs/torch-mlir-opt"
   mkdir -p .gpu && tar -C "$tmp/site" -cJf "$PACK" . && rm -rf "$tmp"
   ls -la "$PACK"
+  exit 0
+fi
+# DeepSpeed's wheels for .whl/, made here with the venv's torch (its setup
+# imports torch): a wheel without prebuilt ops, and what it needs that the
+# lent machines lack (cp312 wheels).
+if [ "${1:-}" = "--pack-deepspeed" ]; then
+  set -e
+  mkdir -p .whl
+  DS_BUILD_OPS=0 .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl deepspeed==0.19.8
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl pydantic==2.14.4 \
+    pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 hjson==3.1.0
+  ls -la .whl
   exit 0
 fi
 
