@@ -29,7 +29,7 @@ from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
 from . import config, donation, dump, metrics, portable_graph
-from .codegen import inductor
+from .codegen import inductor, onednn_linear
 from .lowering import export_graph, import_graph
 from .lowering.ts_to_fx import ts_graph_to_fx
 
@@ -133,6 +133,8 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
                           fake_inputs if symbolic is not None else None)
     if cfg.donated_inputs and symbolic is None:  # outputs written into dead inputs' buffers
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
+    if cfg.onednn_linear and device.type == "cpu":
+        onednn_linear.rewrite(gm)
     dump.write(name, "4.export.fx.txt", gm.code)
     artifacts = _cache_artifacts(gm, cfg) if cfg.cache or keep_graph else None  # before Inductor changes gm
     return PreparedGroup(name, gm, fake_inputs, fake_mode, guards, _collective_bytes(gm), artifacts,

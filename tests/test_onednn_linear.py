@@ -1,0 +1,92 @@
+"""Forward linears of CPU float32 groups on oneDNN (codegen/onednn_linear):
+which products are rewritten, and that training with them matches eager
+and really calls the op from the generated code. The tests' products are
+small: they lower the size threshold, except where it is the subject."""
+import pytest
+import torch
+import torch.fx as fx
+
+import lazy_mlir
+from lazy_mlir import metrics
+from lazy_mlir.codegen import onednn_linear
+from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, sgd, train
+
+aten = torch.ops.aten
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    monkeypatch.setattr(onednn_linear, "MIN_MULTIPLY_ADDS", 0)
+
+
+def _graph(build, dtype=torch.float32):
+    """A graph of ``build(graph, x, w, dy, bias)``'s products, with fake values as the export gives them."""
+    graph = fx.Graph()
+    shapes = {"x": (8, 4), "w": (3, 4), "dy": (8, 3), "bias": (3,)}
+    nodes = {}
+    for name, shape in shapes.items():
+        nodes[name] = graph.placeholder(name)
+        nodes[name].meta["val"] = torch.empty(shape, dtype=dtype)
+    graph.output(build(graph, **nodes))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _call(graph, target, *args, **kwargs):
+    node = graph.call_function(target, args, kwargs)
+    node.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args], **kwargs)
+    return node
+
+
+def _forward(graph, x, w, dy, bias):
+    """mm, addmm, and addmm as the export writes it (beta and alpha 1 given)"""
+    return (_call(graph, aten.mm.default, x, _call(graph, aten.t.default, w)),
+            _call(graph, aten.addmm.default, bias, x, _call(graph, aten.t.default, w)),
+            _call(graph, aten.addmm.default, bias, x, _call(graph, aten.t.default, w), beta=1, alpha=1))
+
+
+def _scaled(graph, x, w, dy, bias):
+    return _call(graph, aten.addmm.default, bias, x, _call(graph, aten.t.default, w), beta=1, alpha=2)
+
+
+def _backward(graph, x, w, dy, bias):
+    dx = _call(graph, aten.mm.default, dy, _call(graph, aten.t.default, _call(graph, aten.t.default, w)))
+    dw = _call(graph, aten.mm.default, _call(graph, aten.t.default, dy), x)
+    return dx, dw
+
+
+def test_forward_linears_are_rewritten_and_compute_the_same(any_size):
+    gm = _graph(_forward)
+    assert onednn_linear.rewrite(gm) == 3
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.lazy_mlir.onednn_linear.default] * 3, targets
+    x, w, dy, bias = torch.randn(8, 4), torch.randn(3, 4), torch.randn(8, 3), torch.randn(3)
+    mm, addmm, addmm_kw = gm(x, w, dy, bias)
+    torch.testing.assert_close(mm, x @ w.t())
+    torch.testing.assert_close(addmm, x @ w.t() + bias)
+    torch.testing.assert_close(addmm_kw, x @ w.t() + bias)
+
+
+def test_small_products_stay_mkl():
+    assert onednn_linear.rewrite(_graph(_forward)) == 0  # 8 x 4 x 3 multiply-adds
+
+
+def test_backward_products_and_other_dtypes_stay_mkl(any_size):
+    assert onednn_linear.rewrite(_graph(_backward)) == 0
+    assert onednn_linear.rewrite(_graph(_forward, torch.float64)) == 0
+    assert onednn_linear.rewrite(_graph(_scaled)) == 0
+
+
+def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size):
+    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False)
+    try:
+        metrics.reset()
+        batches = mlp_batches(steps=4)
+        eager = train(make_mlp, sgd, batches, CPU)
+        lazy = train(make_mlp, sgd, batches, LAZY)
+        assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6)
+        assert_compiled(calls=4)
+        generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
+        assert generated.count("lazy_mlir.onednn_linear") >= 3, generated[:2000]  # the MLP's three linears
+    finally:
+        lazy_mlir.init("O1")
