@@ -117,4 +117,5 @@ def test_zoo_gpt2_matches_eager_on_the_gpu(on_cuda):
     for phase, s in lazy.phases.items():
         assert_compiled(s, calls=s["mark_steps"])
         assert s["fallback_count"] == 0 and s["graph_executions"] == s["mark_steps"], lazy.reports[phase]
+        assert_replayed(s)
     assert on_cuda == {"cuda"}, on_cuda
