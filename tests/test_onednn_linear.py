@@ -81,7 +81,7 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size):
     lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False)
     try:
         metrics.reset()
-        batches = mlp_batches(steps=4, batch=13)  # a batch no other test uses: LTC traces, and we compile, anew
+        batches = mlp_batches(steps=4, batch=11)  # a batch no other test uses: LTC traces, and we compile, anew
         eager = train(make_mlp, sgd, batches, CPU)
         lazy = train(make_mlp, sgd, batches, LAZY)
         assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6)
