@@ -32,6 +32,7 @@ def captured(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "refusal", lambda cfg, lowered: None)
     monkeypatch.setattr(cuda_graphs, "capture", _StandIn)
     lazy_mlir.init("O1")
+    lazy_mlir._C.clear_computation_cache()  # an earlier test's graph would keep its executables
     metrics.reset()
     yield _StandIn.made
     lazy_mlir.init("O1")
