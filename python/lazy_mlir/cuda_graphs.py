@@ -2,11 +2,12 @@
 
 On a GPU the step is bound by the CPU launching kernels: Inductor's Python
 wrapper launches each Triton kernel in turn (README: GPT-mini's generated
-code took as long on the CPU as torch.compile's, ~100 launches a step).
-Once a group has run the same code twice, its code is captured into a CUDA
-graph on buffers of its own; each later run copies the inputs into those
-buffers (one multi-tensor copy per dtype), replays the graph (one launch),
-and copies the outputs out into fresh tensors.
+code took as long on the CPU as torch.compile's). At the second run of the
+same code, it is captured into a CUDA graph on buffers of its own (the
+first run compiled it and autotuned its kernels); that run and each later
+one copies the inputs into those buffers (one multi-tensor copy per dtype),
+replays the graph (one launch), and copies the outputs out into fresh
+tensors.
 
 The copy out is what keeps the results right: LTC holds a group's outputs
 as device data for as long as anything refers to them (a loss read after
