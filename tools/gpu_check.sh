@@ -139,7 +139,7 @@ phase bench && bench lazy_mlir_O1_capture
 
 # ZeRO-3 against DeepSpeed's ZeRO-3, eager and DeepCompile, one NCCL rank
 phase zero && { step zero
-(cd benchmarks && timeout "${ZERO_S:-150}" python3 zero_step.py --device cuda --nproc 1 \
+(cd benchmarks && timeout "${ZERO_S:-300}" python3 zero_step.py --device cuda --nproc 1 \
    --only "${ZERO_ROWS:-zero3,deepcompile,deepspeed}" --steps 10 --warmup 8 --rounds 2 --json "$OUT/zero_step.json") \
   > "$OUT/zero.txt" 2>&1
 grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || tail -30 "$OUT/zero.txt"; }
