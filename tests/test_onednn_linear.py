@@ -1,4 +1,4 @@
-"""Forward linears of CPU float32 groups on oneDNN (codegen/onednn_linear):
+"""Linears of CPU float32 groups on oneDNN (codegen/onednn_linear):
 which products are rewritten, and that training with them matches eager
 and really calls the op from the generated code. The tests' products are
 small: they lower the size threshold, except where it is the subject."""
@@ -71,8 +71,19 @@ def test_small_products_stay_mkl():
     assert onednn_linear.rewrite(_graph(_forward)) == 0  # 8 x 4 x 3 multiply-adds
 
 
-def test_backward_products_and_other_dtypes_stay_mkl(any_size):
-    assert onednn_linear.rewrite(_graph(_backward)) == 0
+def test_input_gradients_are_rewritten_weight_gradients_stay_mkl(any_size):
+    gm = _graph(_backward)
+    assert onednn_linear.rewrite(gm) == 1  # dY @ W, not t(dY) @ X
+    products = [n.target for n in gm.graph.nodes if n.target in (aten.mm.default,
+                                                                  torch.ops.lazy_mlir.onednn_linear.default)]
+    assert products == [torch.ops.lazy_mlir.onednn_linear.default, aten.mm.default], products
+    x, w, dy, bias = torch.randn(8, 4), torch.randn(3, 4), torch.randn(8, 3), torch.randn(3)
+    dx, dw = gm(x, w, dy, bias)
+    torch.testing.assert_close(dx, dy @ w)
+    torch.testing.assert_close(dw, dy.t() @ x)
+
+
+def test_other_dtypes_and_scaled_products_stay_mkl(any_size):
     assert onednn_linear.rewrite(_graph(_forward, torch.float64)) == 0
     assert onednn_linear.rewrite(_graph(_scaled)) == 0
 
@@ -88,6 +99,7 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size):
         assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6)
         assert_compiled(calls=4)
         generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
-        assert generated.count("lazy_mlir.onednn_linear") >= 3, generated[:2000]  # the MLP's three linears
+        # the MLP's three forward linears and two input gradients (the first layer's input needs none)
+        assert generated.count("lazy_mlir.onednn_linear") >= 5, generated[:2000]
     finally:
         lazy_mlir.init("O1")

@@ -1,19 +1,19 @@
-"""A CPU group's forward linears on oneDNN's inner product instead of MKL's GEMM.
+"""A CPU group's linears on oneDNN's inner product instead of MKL's GEMM.
 
 Inductor calls MKL for every matrix product of a training step (``mm``,
 ``addmm``: extern kernels), and so does torch.compile. On this project's
 CPU machines (AMD EPYC, AVX-512) oneDNN's inner product
-(``mkldnn._linear_pointwise`` on plain layouts, the weight not prepacked)
-is faster for a linear's forward shapes: README "oneDNN linears" has the
-figures. Inductor lowers ``_linear_pointwise`` only for constant (frozen)
-weights, so the call is wrapped in an op of ours, which Inductor leaves to
-the dispatcher.
+(``mkldnn._linear_pointwise``, the weight not prepacked) is faster for a
+linear's forward and its input gradient: README "Linears on
+oneDNN" has the figures. Inductor lowers ``_linear_pointwise`` only for
+constant (frozen) weights, so the call is wrapped in an op of ours, which
+Inductor leaves to the dispatcher.
 
-Only a large forward linear is rewritten (MIN_MULTIPLY_ADDS): ``mm(x,
-t(W))`` or ``addmm(bias, x, t(W))`` of 2-D float32 values, where ``W`` is
-no transpose itself. There the weight is the inner product's own layout; the
-backward's products (``dY @ W``, ``t(dY) @ X``) would need transposed
-copies first, and measured slower.
+Rewritten, in float32 and from MIN_MULTIPLY_ADDS on: ``mm(x, t(W))`` and
+``addmm(bias, x, t(W))``, the inner product of x and W, whatever W is: a
+forward's weight, or ``t(W)`` in an input gradient ``dY @ W`` (oneDNN
+takes the transposed weight without a copy). A weight's gradient
+``t(X) @ dY`` stays MKL's: oneDNN was slower on the transposed input.
 """
 from __future__ import annotations
 
@@ -54,8 +54,10 @@ def rewrite(gm: fx.GraphModule) -> int:
             bias, x, transposed = node.args
         else:
             bias, (x, transposed) = None, node.args
-        weight = _transposed_weight(transposed)
-        if weight is None or not _float32_matrices(x, weight) or (bias is not None and not _bias_of(bias, weight)):
+        weight = _untransposed(transposed)
+        if weight is None or _untransposed(x) is not None:  # t(X) @ dY: a weight's gradient, MKL's
+            continue
+        if not _float32_matrices(x, weight) or (bias is not None and not _bias_of(bias, weight)):
             continue
         if not _large(_val(x).shape, _val(weight).shape):
             continue
@@ -71,14 +73,11 @@ def rewrite(gm: fx.GraphModule) -> int:
     return rewritten
 
 
-def _transposed_weight(node):
-    """W when ``node`` is t(W) and W is no transpose itself (a forward's weight)."""
+def _untransposed(node):
+    """W when ``node`` is t(W), else None."""
     if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _TRANSPOSES:
         return None
-    weight = node.args[0]
-    if isinstance(weight, fx.Node) and weight.op == "call_function" and weight.target in _TRANSPOSES:
-        return None
-    return weight
+    return node.args[0]
 
 
 def _val(node):
