@@ -343,11 +343,10 @@ class GroupExecutable:
         return outputs
 
     def _use(self, lowered):
-        self._probe_next = lowered is not None and not isinstance(lowered, _Compiling) and not lowered.collective_bytes
-        self._capture_after = 0
         compiled = lowered is not None and not isinstance(lowered, _Compiling)
-        if compiled and cuda_graphs.refusal(self.cfg, lowered) is None:
-            self._capture_after = cuda_graphs.RUNS_BEFORE_CAPTURE
+        self._probe_next = compiled and not lowered.collective_bytes
+        graphed = compiled and cuda_graphs.refusal(self.cfg, lowered) is None
+        self._capture_after = cuda_graphs.RUNS_BEFORE_CAPTURE if graphed else 0
         if isinstance(lowered, _Compiling):
             self.lowered, self._compiling = None, lowered
             self._interpreter = TorchScriptExecutable(self.graph, self.name, metrics.count_interpreted_group_call,
