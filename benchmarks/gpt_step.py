@@ -158,7 +158,8 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     return results
 
 
-RATIO_HEADER = f"{'variant':<22}{'ms/step':>9}{RATIO_COLUMNS}"
+NAME = max(map(len, VARIANTS)) + 1  # the variant column's width
+RATIO_HEADER = f"{'variant':<{NAME}}{'ms/step':>9}{RATIO_COLUMNS}"
 
 
 def _ratio_cells(ms: float, ok: dict[str, dict]) -> str:
@@ -169,7 +170,7 @@ def _print_loss_diffs(ok: dict[str, dict]) -> None:
     if "eager" in ok:
         for v, r in ok.items():
             diff = max(abs(a - b) for a, b in zip(ok["eager"]["losses"], r["losses"]))
-            print(f"  max |loss - eager loss| {v:<22} {diff:.2e}")
+            print(f"  max |loss - eager loss| {v:<{NAME}} {diff:.2e}")
 
 
 def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
@@ -179,10 +180,10 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
     print(f"{RATIO_HEADER}{'graph':>8}{'matmul':>8}{'outside':>9}")
     for v, r in results.items():
         if v not in ok:
-            print(f"{v:<22}  FAILED: {r['failed']}")
+            print(f"{v:<{NAME}}  FAILED: {r['failed']}")
             continue
         p = r["paired_ms"]
-        print(f"{v:<22}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
+        print(f"{v:<{NAME}}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
     print("  graph: inside Inductor-generated code (kernels and their wrapper); matmul: its mm/addmm/bmm calls "
           "(nan: a C++ wrapper calls them out of Python's sight); outside: the rest of the step (Python, autograd, "
           "lazy tracing, LTC)")
@@ -241,9 +242,9 @@ def main():
     print(f"{RATIO_HEADER}{'compile s':>10}{'RSS MB':>8}{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
     for v, r in results.items():
         if v in failed:
-            print(f"{v:<22}  FAILED: {failed[v]}")
+            print(f"{v:<{NAME}}  FAILED: {failed[v]}")
             continue
-        print(f"{v:<22}{_ratio_cells(r['ms_per_step'], ok)}"
+        print(f"{v:<{NAME}}{_ratio_cells(r['ms_per_step'], ok)}"
               f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
               f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
               f"{r['final_loss']:>9.4f}")
