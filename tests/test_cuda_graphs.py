@@ -29,7 +29,7 @@ class _StandIn:
 @pytest.fixture
 def captured(monkeypatch):
     _StandIn.made = []
-    monkeypatch.setattr(cuda_graphs, "refusal", lambda cfg, lowered: None)
+    monkeypatch.setattr(cuda_graphs, "eligible", lambda cfg, lowered: True)
     monkeypatch.setattr(cuda_graphs, "capture", _StandIn)
     lazy_mlir.init("O1")
     lazy_mlir._C.clear_computation_cache()  # an earlier test's graph would keep its executables
@@ -55,19 +55,47 @@ def test_which_groups_are_never_captured():
     lowered = group_lowering.LoweredGroup(run=None, guards=[])
     gpu = config.Config(device="cpu")
     gpu.device = "cuda"  # no validate(): this machine may have no GPU
-    assert cuda_graphs.refusal(gpu, lowered) is None
-    assert cuda_graphs.refusal(config.Config(device="cpu"), lowered) == "off"
+    assert cuda_graphs.eligible(gpu, lowered)
+    assert not cuda_graphs.eligible(config.Config(device="cpu"), lowered)
     off = config.Config(device="cpu", cuda_graphs=False)
     off.device = "cuda"
-    assert cuda_graphs.refusal(off, lowered) == "off"
+    assert not cuda_graphs.eligible(off, lowered)
     gathered = group_lowering.LoweredGroup(run=None, guards=[], collective_bytes={"all_gather": 64})
-    assert cuda_graphs.refusal(gpu, gathered) == "collectives"
+    assert not cuda_graphs.eligible(gpu, gathered)
     donated = config.Config(device="cpu", donated_inputs=(0,))
     donated.device = "cuda"
-    assert cuda_graphs.refusal(donated, lowered) == "donated inputs"
+    assert not cuda_graphs.eligible(donated, lowered)
 
 
 def test_code_taking_host_inputs_is_not_captured():
     metrics.reset()
     assert cuda_graphs.capture("g.0", lambda inputs: inputs, [torch.ones(2)]) is None
     assert metrics.snapshot()["cuda_graph_refusals"] == {"g.0": "inputs on cpu"}
+
+
+class _Doubling:
+    """Stands in for a captured CUDA graph: its replay writes twice its input buffer into its output buffers."""
+
+    def __init__(self, graphed):
+        self.graphed = graphed
+
+    def replay(self):
+        x, n = self.graphed.inputs
+        self.graphed.outputs[0].copy_(x * 2)
+        self.graphed.outputs[1].copy_(n + 1)
+
+
+def test_a_replay_copies_inputs_in_and_outputs_out():
+    """GraphedCode's copies, on the CPU (the capture itself needs a GPU):
+    every run's inputs reach the graph's buffers, and its outputs are fresh
+    tensors that keep their values after the next replay."""
+    graphed = cuda_graphs.GraphedCode.__new__(cuda_graphs.GraphedCode)
+    graphed.inputs = [torch.zeros(3), torch.zeros(2, dtype=torch.int64)]
+    graphed.outputs = [torch.zeros(3), torch.zeros(2, dtype=torch.int64)]
+    graphed._copy_in, graphed._copy_out = cuda_graphs._by_dtype(graphed.inputs), cuda_graphs._by_dtype(graphed.outputs)
+    graphed.graph = _Doubling(graphed)
+    first = graphed([torch.ones(3), torch.tensor([1, 2])])
+    second = graphed([torch.full((3,), 5.0), torch.tensor([7, 8])])
+    assert first[0].tolist() == [2.0] * 3 and first[1].tolist() == [2, 3]
+    assert second[0].tolist() == [10.0] * 3 and second[1].tolist() == [8, 9]
+    assert all(f.data_ptr() != o.data_ptr() for f, o in zip(first + second, graphed.outputs))

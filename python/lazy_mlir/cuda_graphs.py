@@ -34,15 +34,9 @@ from . import metrics
 RUNS_BEFORE_CAPTURE = 2
 
 
-def refusal(cfg, lowered) -> str | None:
-    """Why a group's code is never captured, or None (then its inputs decide, see capture)."""
-    if not cfg.cuda_graphs or cfg.device != "cuda":
-        return "off"
-    if lowered.collective_bytes:
-        return "collectives"
-    if cfg.donated_inputs:
-        return "donated inputs"
-    return None
+def eligible(cfg, lowered) -> bool:
+    """Whether a group's code may be captured (then its inputs decide, see capture)."""
+    return cfg.cuda_graphs and cfg.device == "cuda" and not lowered.collective_bytes and not cfg.donated_inputs
 
 
 class GraphedCode:
@@ -52,7 +46,7 @@ class GraphedCode:
         self.inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in inputs]
         # _foreach_copy_ takes its one-launch route for tensors of one dtype
         self._copy_in = _by_dtype(self.inputs)
-        self._copy(self.inputs, inputs, self._copy_in)
+        self._copy_into(self._copy_in, inputs)
         # Library state made at a first call (cuBLAS workspaces) must exist before the capture.
         current = torch.cuda.current_stream()
         side = torch.cuda.Stream()
@@ -67,40 +61,42 @@ class GraphedCode:
         self._copy_out = _by_dtype(self.outputs)
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        self._copy(self.inputs, inputs, self._copy_in)
+        self._copy_into(self._copy_in, inputs)
         self.graph.replay()
         metrics.count_cuda_graph("replayed")
         fresh = [torch.empty_like(t) for t in self.outputs]
-        self._copy(fresh, self.outputs, self._copy_out)
+        for positions, graph_outputs in self._copy_out:
+            torch._foreach_copy_([fresh[i] for i in positions], graph_outputs)
         return fresh
 
     @staticmethod
-    def _copy(destinations, sources, by_dtype):
-        for positions in by_dtype:
-            torch._foreach_copy_([destinations[i] for i in positions], [sources[i] for i in positions])
+    def _copy_into(by_dtype, sources):
+        for positions, buffers in by_dtype:
+            torch._foreach_copy_(buffers, [sources[i] for i in positions])
 
 
-def _by_dtype(tensors) -> list[list[int]]:
+def _by_dtype(tensors) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """(positions, tensors) per dtype: the graph's own side of each copy, built once."""
     positions: dict = {}
     for i, t in enumerate(tensors):
         positions.setdefault(t.dtype, []).append(i)
-    return list(positions.values())
+    return [(p, [tensors[i] for i in p]) for p in positions.values()]
 
 
 def capture(name: str, run, inputs: list[torch.Tensor]) -> GraphedCode | None:
-    """The code captured for these inputs, or None (counted, and warned when the capture failed)."""
+    """The code captured for these inputs, or None (the refusal recorded, and warned when the capture failed)."""
     off_gpu = sorted({str(t.device) for t in inputs if t.device.type != "cuda"})
     if off_gpu:
-        metrics.count_cuda_graph("refused", name, f"inputs on {', '.join(off_gpu)}")
+        metrics.refuse_cuda_graph(name, f"inputs on {', '.join(off_gpu)}")
         return None
     try:
         graphed = GraphedCode(run, inputs)
     except Exception as exc:  # noqa: BLE001 - the code runs as before; the user is told why
         torch.cuda.synchronize()
         first = str(exc).splitlines()[0] if str(exc) else ""
-        metrics.count_cuda_graph("refused", name, f"capture failed: {type(exc).__name__}: {first}")
+        metrics.refuse_cuda_graph(name, f"capture failed: {type(exc).__name__}: {first}")
         warnings.warn(f"lazy_mlir: {name}'s code is not replayed as a CUDA graph: capture failed "
                       f"({type(exc).__name__}: {first})", RuntimeWarning, stacklevel=2)
         return None
-    metrics.count_cuda_graph("captured", name)
+    metrics.count_cuda_graph("captured")
     return graphed

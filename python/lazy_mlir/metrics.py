@@ -32,7 +32,7 @@ _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" .
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
 _captures: collections.Counter = collections.Counter()  # capture: "replayed" / "recorded" / "refused" calls
 _capture_refusals: dict[str, str] = {}  # module class -> why its forward runs op by op
-_cuda_graphs: collections.Counter = collections.Counter()  # cuda_graphs: "captured" / "replayed" / "refused"
+_cuda_graphs: collections.Counter = collections.Counter()  # cuda_graphs: "captured" / "replayed"
 # group name -> why its code is not replayed as a CUDA graph (kept across reset:
 # decided at a compile or a second run, before the steps a benchmark times)
 _cuda_graph_refusals: dict[str, str] = {}
@@ -123,13 +123,16 @@ def count_capture(outcome: str, module: str | None = None, why: str | None = Non
             _capture_refusals[module] = why
 
 
-def count_cuda_graph(outcome: str, group: str | None = None, why: str | None = None) -> None:
-    """A GPU group's code "captured" into a CUDA graph, "replayed" (one run),
-    or "refused" at its capture (``why``: inputs off the GPU, a failed capture)."""
+def count_cuda_graph(outcome: str) -> None:
+    """A GPU group's code "captured" into a CUDA graph, or "replayed" (one run)."""
     with _lock:
         _cuda_graphs[outcome] += 1
-        if why is not None:
-            _cuda_graph_refusals[group] = why
+
+
+def refuse_cuda_graph(group: str, why: str) -> None:
+    """A group's code not captured: inputs off the GPU, or a failed capture."""
+    with _lock:
+        _cuda_graph_refusals[group] = why
 
 
 def count_cache(outcome: str) -> None:
