@@ -2,7 +2,8 @@
 CPU: the capture itself needs a GPU (tests/test_cuda.py checks it there,
 with eager's numbers); here a stand-in for the captured code checks that
 each group is captured at its code's second run and replayed from then on,
-and which groups are never captured."""
+which groups are never captured, and a stand-in graph that a replay copies
+inputs in and fresh outputs out."""
 import pytest
 import torch
 

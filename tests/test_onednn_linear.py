@@ -20,14 +20,14 @@ def any_size(monkeypatch):
     monkeypatch.setattr(onednn_linear, "MIN_MULTIPLY_ADDS", 0)
 
 
-def _graph(build, dtype=torch.float32):
+def _graph(build, dtype=torch.float32, device="cpu"):
     """A graph of ``build(graph, x, w, dy, bias)``'s products, with fake values as the export gives them."""
     graph = fx.Graph()
     shapes = {"x": (8, 4), "w": (3, 4), "dy": (8, 3), "bias": (3,)}
     nodes = {}
     for name, shape in shapes.items():
         nodes[name] = graph.placeholder(name)
-        nodes[name].meta["val"] = torch.empty(shape, dtype=dtype)
+        nodes[name].meta["val"] = torch.empty(shape, dtype=dtype, device=device)
     graph.output(build(graph, **nodes))
     return fx.GraphModule(torch.nn.Module(), graph)
 
@@ -83,8 +83,9 @@ def test_input_gradients_are_rewritten_weight_gradients_stay_mkl(any_size):
     torch.testing.assert_close(dw, dy.t() @ x)
 
 
-def test_other_dtypes_and_scaled_products_stay_mkl(any_size):
+def test_other_dtypes_devices_and_scaled_products_stay_mkl(any_size):
     assert onednn_linear.rewrite(_graph(_forward, torch.float64)) == 0
+    assert onednn_linear.rewrite(_graph(_forward, device="meta")) == 0  # off the CPU (a GPU group's values)
     assert onednn_linear.rewrite(_graph(_scaled)) == 0
 
 

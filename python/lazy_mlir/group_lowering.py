@@ -133,7 +133,7 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
                           fake_inputs if symbolic is not None else None)
     if cfg.donated_inputs and symbolic is None:  # outputs written into dead inputs' buffers
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
-    if cfg.onednn_linear and device.type == "cpu":
+    if cfg.onednn_linear:  # float32 CPU products only: it reads their values' dtypes and devices
         onednn_linear.rewrite(gm)
     dump.write(name, "4.export.fx.txt", gm.code)
     artifacts = _cache_artifacts(gm, cfg) if cfg.cache or keep_graph else None  # before Inductor changes gm

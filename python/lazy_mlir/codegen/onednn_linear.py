@@ -43,7 +43,7 @@ MIN_MULTIPLY_ADDS = 2 ** 26
 
 
 def rewrite(gm: fx.GraphModule) -> int:
-    """Rewrites ``gm``'s forward linears in place; returns how many."""
+    """Rewrites ``gm``'s linears (forwards, input gradients) in place; returns how many."""
     graph, rewritten = gm.graph, 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
