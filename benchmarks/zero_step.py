@@ -3,7 +3,10 @@
 Runs in one invocation (re-launching itself under torchrun, gloo, one thread
 per rank): FSDP2 (``fully_shard`` per block, then the root) eager, FSDP2
 under torch.compile (the sharded model compiled, and its optimizer step),
-lazy_mlir ZeRO stages 1, 2 and 3, and DeepSpeed ZeRO-3, eager and with
+lazy_mlir ZeRO stages 1, 2 and 3, ZeRO-3 with the model under
+``lazy_mlir.capture`` (``zero3_capture``: like ``torch.compile(model)``, the
+user's statement that the forward reads nothing else that changes; forward
+and backward replayed instead of traced op by op), and DeepSpeed ZeRO-3, eager and with
 DeepCompile (CUDA only), when DeepSpeed is installed. Each rank
 trains on its slice of the global batch from the same initial weights. Prints
 a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
@@ -32,13 +35,13 @@ import traceback
 
 from child import exit_if_failed
 
-VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "deepspeed", "deepcompile"]
+VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "zero3_capture", "deepspeed", "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
 # them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
 # all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
 # reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
 # all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
-THEORY_PSI = {"fsdp2": 3, "fsdp2_compiled": 3, "zero1": 3, "zero2": 2, "zero3": 3, "deepspeed": 3,
+THEORY_PSI = {"fsdp2": 3, "fsdp2_compiled": 3, "zero1": 3, "zero2": 2, "zero3": 3, "zero3_capture": 3, "deepspeed": 3,
               "deepcompile": 3}
 MIB = 2 ** 20
 
@@ -124,10 +127,13 @@ def _build(variant: str, cfg, args):
     import lazy_mlir.zero as zero
     model = model.to("lazy")
     opt = make_adamw(model)
-    model, opt = zero.initialize(model, opt, stage=int(variant[-1]), process_group=None,
+    model, opt = zero.initialize(model, opt, stage=int(variant[4]), process_group=None,
                                  prefetch_bytes=args.prefetch_bytes, persistence_threshold=args.persistence_threshold,
                                  reuse_bytes=args.reuse_bytes, bucket_bytes=args.bucket_bytes,
                                  reduce_scatter=args.reduce_scatter)
+    if variant.endswith("_capture"):
+        import lazy_mlir
+        lazy_mlir.capture(model)
 
     def step(x, y, zero_grad=True):
         loss = model(x.to("lazy"), y.to("lazy"))
@@ -225,11 +231,14 @@ def worker(args):
                 for i, (x, y) in enumerate(batches if v.startswith("zero") else device_batches):
                     if i == args.warmup and v.startswith("zero"):
                         zero.reset_comm_stats()
+                        lazy_mlir.metrics.reset()
                     start = time.perf_counter()
                     loss = step(x, y)
                     if args.device == "cuda":  # the step's kernels have only been queued
                         torch.cuda.synchronize()
                     times.append(time.perf_counter() - start)
+                if v.startswith("zero"):
+                    _check_compiled(v, args.steps)
             except Exception as e:  # noqa: BLE001 - e.g. torch.compile of FSDP2 on gloo: a FAILED row
                 log(f"{v} failed:\n{traceback.format_exc()}")
                 failed[v] = _why(e)
@@ -250,6 +259,23 @@ def worker(args):
     dist.destroy_process_group()
     if rank == 0:
         exit_if_failed(failed)
+
+
+def _check_compiled(variant: str, steps: int) -> None:
+    """Raises on every rank when any rank's timed steps of a lazy_mlir row
+    did not all run generated code (or, captured, replay every forward):
+    the row would time something else under its name."""
+    import torch.distributed as dist
+    import lazy_mlir
+    from lazy_step import not_captured, not_compiled
+
+    s = lazy_mlir.metrics.snapshot()
+    why = not_compiled(s, "O1") or (not_captured(s, steps) if variant.endswith("_capture") else None)
+    whys = [None] * dist.get_world_size()
+    dist.all_gather_object(whys, why)  # every rank drops the row, or none: the next barrier needs them all
+    bad = [(rank, w) for rank, w in enumerate(whys) if w]
+    if bad:
+        raise RuntimeError(f"rank {bad[0][0]}: {bad[0][1]}")
 
 
 def _why(exc: Exception) -> str:
@@ -278,14 +304,14 @@ def report(args, cfg, psi, runs, failed):
     for v, why in failed.items():
         print(f"{v:<16}  FAILED: {why}")
     ratios = {}
-    for fsdp in ("fsdp2", "fsdp2_compiled"):
-        if {"zero3", fsdp} <= runs.keys():
+    for ours, fsdp in [(z, f) for z in ("zero3", "zero3_capture") for f in ("fsdp2", "fsdp2_compiled")]:
+        if {ours, fsdp} <= runs.keys():
             # each round runs FSDP2 and ZeRO-3 back to back: their ratio is taken
             # per round (side by side, under the same machine load), then the median
-            rounds = [z / f for z, f in zip(runs["zero3"]["round_ms"], runs[fsdp]["round_ms"])]
-            paired = ratios[f"zero3_over_{fsdp}"] = statistics.median(rounds)
-            ratio = ratios[f"zero3_over_{fsdp}_of_medians"] = runs["zero3"]["ms_per_step"] / runs[fsdp]["ms_per_step"]
-            print(f"  ZeRO-3 / {fsdp} step time: {paired:.2f}, median of the per-round ratios "
+            rounds = [z / f for z, f in zip(runs[ours]["round_ms"], runs[fsdp]["round_ms"])]
+            paired = ratios[f"{ours}_over_{fsdp}"] = statistics.median(rounds)
+            ratio = ratios[f"{ours}_over_{fsdp}_of_medians"] = runs[ours]["ms_per_step"] / runs[fsdp]["ms_per_step"]
+            print(f"  {ours} / {fsdp} step time: {paired:.2f}, median of the per-round ratios "
                   f"({', '.join(f'{r:.2f}' for r in rounds)}; target <= 0.9); ratio of the medians {ratio:.2f}")
     with open(args.json, "w") as f:
         json.dump({"config": vars(args), "psi_bytes": psi, **ratios, "variants": runs, "failed": failed}, f,

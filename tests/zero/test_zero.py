@@ -127,6 +127,18 @@ def test_zero_on_nccl_matches_single_process(stage, tmp_path, reference):
     assert moved.get("all_gather", 0) > 0, moved
 
 
+def test_stage3_with_the_model_captured_matches_single_process(tmp_path, reference):
+    """lazy_mlir.capture over a ZeRO-3 model (the analogue of compiling an
+    FSDP2 model): the forward pre-hook's gathers become the record's
+    inputs, the gradient hooks fire on the replayed backward; eager's
+    numbers, and every step's forward a replay."""
+    results = _train(3, tmp_path, extra=["--capture"])
+    for result in results:
+        _assert_trained_like(result, reference)
+        assert result["metrics"]["capture_refused"] == 0
+        assert result["metrics"]["captured_calls"] == STEPS
+
+
 @pytest.mark.parametrize("budget", ["--reuse-bytes", "--prefetch-bytes"])
 def test_stage3_reuse_keeps_gathered_parameters(budget, tmp_path, reference):
     """With a reuse budget larger than the model (or a prefetch budget: a

@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--resume-at", type=int, default=-1, help="checkpoint after this many steps, resume from it")
     # nccl: the lazy device on this rank's GPU (the launcher sets LAZY_MLIR_DEVICE=cuda)
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.backend == "nccl":
@@ -53,9 +54,14 @@ def main() -> None:
 
     def setup(model):
         model = model.to("lazy")
-        return zero.initialize(model, make_adamw(model), stage=args.stage, prefetch_bytes=args.prefetch_bytes,
-                               persistence_threshold=args.persistence_threshold, reuse_bytes=args.reuse_bytes,
-                               reduce_scatter=args.reduce_scatter, bucket_bytes=args.bucket_bytes)
+        model, optimizer = zero.initialize(model, make_adamw(model), stage=args.stage,
+                                           prefetch_bytes=args.prefetch_bytes,
+                                           persistence_threshold=args.persistence_threshold,
+                                           reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
+                                           bucket_bytes=args.bucket_bytes)
+        if args.capture:  # after initialize: its forward pre-hook gathers the parameters the record reads
+            lazy_mlir.capture(model)
+        return model, optimizer
 
     model, optimizer = setup(make_gpt(CONFIG))
     rows = CONFIG.batch_size // world
@@ -85,7 +91,8 @@ def main() -> None:
     snapshot["graph_executions"] -= checkpoint_executions  # the training steps' own, the checkpoint's reads aside
     result = {"losses": global_mean(losses), "state": zero.full_state_dict(model), "memory": memory,
               "metrics": {k: snapshot[k] for k in ("graph_executions", "mark_steps", "fallback_count",
-                                                    "groups_fallen_back", "compiled_group_calls", "collective_bytes")},
+                                                    "groups_fallen_back", "compiled_group_calls", "collective_bytes",
+                                                    "captured_calls", "capture_refused")},
               "time": time.time(), "group_keys": group_keys}
     if args.resume_at >= 0:
         saved = torch.load(checkpoint)
