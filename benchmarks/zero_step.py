@@ -110,9 +110,10 @@ def _build(variant: str, cfg, args):
             if not is_deepcompile_supported():
                 raise RuntimeError("DeepCompile needs torch >= 2.6 and the cuda accelerator (--device cuda)")
             ds_config["compile"] = {"deepcompile": True}
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # before ZeRO-3 partitions them
         engine, *_ = deepspeed.initialize(model=model, optimizer=make_adamw(model), config=ds_config)
         if variant == "deepcompile":
-            _predict_allgather_without_scipy()
+            _profile_allgathers_up_to(param_bytes)
             engine.compile()
             if not engine.is_deepcompile_active():  # it falls back to plain torch.compile, logging only
                 raise RuntimeError("DeepSpeed did not activate DeepCompile")
@@ -153,26 +154,38 @@ def _build(variant: str, cfg, args):
     return step, memory
 
 
-def _predict_allgather_without_scipy():
-    """DeepCompile's prefetch pass fits its all-gather timings with scipy's
-    interp1d, and the GPU machine has no scipy: numpy's interp instead."""
-    try:
-        import scipy.interpolate  # noqa: F401
-        return
-    except ImportError:
-        pass
+def _profile_allgathers_up_to(max_bytes: int):
+    """DeepCompile's prefetch pass predicts all-gather times from a profile
+    it takes at its first compile: bf16 all-gathers of 2**1 to 2**30
+    elements (2 GiB), 15 runs each, then a fit with scipy's interp1d. The
+    GPU machine has no scipy, and a lent GPU's minutes are few: the same
+    profile (DeepSpeed's own run_all_gather) up to the first power of two
+    above ``max_bytes`` (the model's parameters: no gather is larger), and
+    numpy's interp over it, extrapolating linearly beyond as interp1d
+    did. Only the time prediction changes, not what DeepCompile plans with it."""
     import numpy as np
+    import torch
+    from deepspeed.accelerator import get_accelerator
     from deepspeed.compile.passes import prefetch
     from deepspeed.compile.profilers import comm_profile
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def create_predictor():
-        try:
-            return comm_profile.create_predictor()
-        except RuntimeError as e:  # "Please install scipy ...", raised after the timings are taken
-            if "scipy" not in str(e):
-                raise
-            sizes, times = zip(*comm_profile.profile_results)
-            return lambda size: float(np.interp(size, sizes, times)) if size else 0
+        if comm_profile.profile_results is None:
+            with unset_fake_temporarily():
+                top = max(2, (max_bytes // 2).bit_length() + 1)  # bf16: 2 bytes an element
+                comm_profile.profile_results = comm_profile.run_all_gather(
+                    get_accelerator().current_device(), torch.bfloat16, top + 1)
+        sizes, times = map(np.asarray, zip(*comm_profile.profile_results))
+
+        def predict(size):
+            if size == 0:
+                return 0
+            if size <= sizes[-1]:
+                return float(np.interp(size, sizes, times))
+            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+            return float(times[-1] + slope * (size - sizes[-1]))
+        return predict
     prefetch.create_predictor = create_predictor
 
 
