@@ -259,6 +259,8 @@ def worker(args):
                 continue
             runs[v]["round_ms"].append(statistics.median(times[args.warmup:]) * 1000)
             runs[v]["final_loss"] = loss.item()  # read once, outside the timed steps
+            # as it comes: a run cut short (a lent GPU's time limit) still says what it measured
+            log(f"round {round_ + 1}: {v} {runs[v]['round_ms'][-1]:.1f} ms/step, loss {runs[v]['final_loss']:.4f}")
             if v.startswith("zero"):
                 comm = zero.comm_stats()
                 runs[v]["comm_bytes_per_step"] = {op: b / args.steps for op, b in comm.items()}

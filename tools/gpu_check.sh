@@ -21,8 +21,10 @@
 #            without CUDA graphs, O1), each beside eager and
 #            torch.compile(model + optimizer); BENCH_S seconds at most each
 #   zero     benchmarks/zero_step.py --device cuda on one NCCL rank: our
-#            ZeRO-3 against DeepSpeed ZeRO-3 with DeepCompile and without
-#            (ZERO_ROWS, ZERO_S seconds at most; DeepSpeed from .whl/)
+#            ZeRO-3 (per-op trace, and the model captured) against DeepSpeed
+#            ZeRO-3 with DeepCompile and without (ZERO_ROWS, ZERO_S seconds at
+#            most; DeepSpeed from .whl/); each round's figures are logged as
+#            they come, so a run cut short keeps them
 # Most important first: a run cut short still says what matters. PHASES
 # picks some of "tests bench zero more" (default: all).
 # `--build-only` stops after the build; `--pack` and `--pack-deepspeed` make
@@ -140,9 +142,9 @@ phase bench && bench lazy_mlir_O1_capture
 # ZeRO-3 against DeepSpeed's ZeRO-3, eager and DeepCompile, one NCCL rank
 phase zero && { step zero
 (cd benchmarks && timeout "${ZERO_S:-300}" python3 zero_step.py --device cuda --nproc 1 \
-   --only "${ZERO_ROWS:-zero3,deepcompile,deepspeed}" --steps 10 --warmup 8 --rounds 2 --json "$OUT/zero_step.json") \
+   --only "${ZERO_ROWS:-zero3,zero3_capture,deepcompile,deepspeed}" --steps 10 --warmup 8 --rounds 2 --json "$OUT/zero_step.json") \
   > "$OUT/zero.txt" 2>&1
-grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || tail -30 "$OUT/zero.txt"; }
+grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || { grep "ms/step, loss" "$OUT/zero.txt"; tail -30 "$OUT/zero.txt"; }; }
 
 phase more && for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_mlir_O1}; do bench "$row"; done
 step done
