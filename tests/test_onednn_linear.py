@@ -89,8 +89,12 @@ def test_other_dtypes_devices_and_scaled_products_stay_mkl(any_size):
     assert onednn_linear.rewrite(_graph(_scaled)) == 0
 
 
-def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size):
-    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False)
+@pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python_wrapper", "cpp_wrapper"])
+def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_wrapper):
+    """With Inductor's C++ wrapper (the default outside the suite) the code
+    calls the op through aoti_torch_call_dispatcher, from C++ after each
+    group's first run."""
+    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False, cpp_wrapper=cpp_wrapper)
     try:
         lazy_mlir._C.clear_computation_cache()  # an earlier test's MLP graph would run its code: compile anew
         metrics.reset()
@@ -101,6 +105,27 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size):
         assert_compiled(calls=4)
         generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
         # the MLP's three forward linears and two input gradients (the first layer's input needs none)
-        assert generated.count("lazy_mlir.onednn_linear") >= 5, generated[:2000]
+        name = "lazy_mlir::onednn_linear" if cpp_wrapper else "lazy_mlir.onednn_linear"
+        assert generated.count(name) >= 5, generated[:2000]
+        if cpp_wrapper:
+            s = metrics.snapshot()
+            assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
     finally:
         lazy_mlir.init("O1")
+
+
+def test_the_op_is_a_cpu_kernel_in_cpp():
+    """The generated code calls the op through the dispatcher with the GIL
+    released: a Python kernel would take the GIL back on every call (and
+    wait behind a background compile's thread). The C++ kernel computes
+    x @ W.t() + b, W given as is or as the transposed view of an input
+    gradient."""
+    dump = torch._C._dispatch_dump("lazy_mlir::onednn_linear")
+    cpu = next(line for line in dump.splitlines() if line.startswith("CPU:"))
+    assert "onednn_linear.cpp" in cpu, dump
+    x, w, b = torch.randn(64, 48), torch.randn(32, 48), torch.randn(32)
+    op = torch.ops.lazy_mlir.onednn_linear
+    torch.testing.assert_close(op(x, w, b), torch.addmm(b, x, w.t()))
+    torch.testing.assert_close(op(x, w, None), x @ w.t())
+    wt = torch.randn(48, 32).t()  # [32, 48], column-major
+    torch.testing.assert_close(op(x, wt, None), x @ wt.t())

@@ -7,7 +7,8 @@ CPU machines (AMD EPYC, AVX-512) oneDNN's inner product
 linear's forward and its input gradient: README "Linears on
 oneDNN" has the figures. Inductor lowers ``_linear_pointwise`` only for
 constant (frozen) weights, so the call is wrapped in an op of ours, which
-Inductor leaves to the dispatcher.
+Inductor leaves to the dispatcher; its kernel is C++, so that the
+generated code's calls run no Python and take no GIL.
 
 Rewritten, in float32 and from MIN_MULTIPLY_ADDS on: ``mm(x, t(W))`` and
 ``addmm(bias, x, t(W))``, the inner product of x and W, whatever W is: a
@@ -20,17 +21,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .. import _C  # noqa: F401 - defines lazy_mlir::onednn_linear, its CPU kernel in C++ (runtime/onednn_linear.cpp)
+
 aten = torch.ops.aten
 
 
-@torch.library.custom_op("lazy_mlir::onednn_linear", mutates_args=())
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.t() + bias, by oneDNN (x: [M, K], weight: [N, K], bias: [N] or None)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-@onednn_linear.register_fake
+@torch.library.register_fake("lazy_mlir::onednn_linear")
 def _(x, weight, bias):
+    """x @ weight.t() + bias, by oneDNN (x: [M, K], weight: [N, K], bias: [N] or None)."""
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
