@@ -12,9 +12,10 @@ trains on its slice of the global batch from the same initial weights. Prints
 a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
 parameters + gradients + optimizer state against the unsharded total, and
 collective bytes per step measured against ZeRO theory (Ψ = parameter bytes),
-and ZeRO-3's step time over each FSDP2 row's, paired round by round. A
-variant that fails shows FAILED and why instead of a figure, and the script
-exits 1.
+ZeRO-3's step time over each FSDP2 row's, paired round by round, and each
+lazy_mlir row's step split into trace / ltc / compile / glue / kernels /
+read (benchmarks/lazy_step.py). A variant that fails shows FAILED and why
+instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 5] [--only fsdp2,zero3]
 
@@ -34,6 +35,7 @@ import time
 import traceback
 
 from child import exit_if_failed
+from lazy_step import SPLIT, StepSplit, not_captured, not_compiled
 
 VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "zero3_capture", "deepspeed", "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
@@ -136,13 +138,13 @@ def _build(variant: str, cfg, args):
         import lazy_mlir
         lazy_mlir.capture(model)
 
-    def step(x, y, zero_grad=True):
+    def step(x, y, zero_grad=True, mark_step=None):
         loss = model(x.to("lazy"), y.to("lazy"))
         loss.backward()
         opt.step()
         if zero_grad:
             opt.zero_grad(set_to_none=True)
-        torch._lazy.mark_step()
+        (mark_step or torch._lazy.mark_step)()
         torch._lazy.wait_device_ops()
         return loss
 
@@ -240,16 +242,21 @@ def worker(args):
             log(f"round {round_ + 1}: running {v} ...")
             dist.barrier()
             times = []
+            split = StepSplit() if v.startswith("zero") else None
             try:
                 for i, (x, y) in enumerate(batches if v.startswith("zero") else device_batches):
-                    if i == args.warmup and v.startswith("zero"):
+                    if i == args.warmup and split:
                         zero.reset_comm_stats()
                         lazy_mlir.metrics.reset()
+                    if split:
+                        split.begin()
                     start = time.perf_counter()
-                    loss = step(x, y)
+                    loss = step(x, y, mark_step=split.mark_step) if split else step(x, y)
                     if args.device == "cuda":  # the step's kernels have only been queued
                         torch.cuda.synchronize()
                     times.append(time.perf_counter() - start)
+                    if split:
+                        split.end(start)
                 if v.startswith("zero"):
                     _check_compiled(v, args.steps)
             except Exception as e:  # noqa: BLE001 - e.g. torch.compile of FSDP2 on gloo: a FAILED row
@@ -261,9 +268,10 @@ def worker(args):
             runs[v]["final_loss"] = loss.item()  # read once, outside the timed steps
             # as it comes: a run cut short (a lent GPU's time limit) still says what it measured
             log(f"round {round_ + 1}: {v} {runs[v]['round_ms'][-1]:.1f} ms/step, loss {runs[v]['final_loss']:.4f}")
-            if v.startswith("zero"):
+            if split:
                 comm = zero.comm_stats()
                 runs[v]["comm_bytes_per_step"] = {op: b / args.steps for op, b in comm.items()}
+                runs[v].setdefault("round_split_ms", []).append(split.medians_ms(args.warmup))
     for v, (step, memory) in built.items():  # one untimed step that keeps its grads, for memory
         dist.barrier()
         step(*(batches if v.startswith("zero") else device_batches)[0], zero_grad=False)
@@ -282,7 +290,6 @@ def _check_compiled(variant: str, steps: int) -> None:
     the row would time something else under its name."""
     import torch.distributed as dist
     import lazy_mlir
-    from lazy_step import not_captured, not_compiled
 
     s = lazy_mlir.metrics.snapshot()
     why = not_compiled(s, "O1") or (not_captured(s, steps) if variant.endswith("_capture") else None)
@@ -318,6 +325,11 @@ def report(args, cfg, psi, runs, failed):
               + (f"{comm / theory:>9.2f}" if comm is not None else f"{'n/a':>9}") + f"{r['final_loss']:>9.4f}")
     for v, why in failed.items():
         print(f"{v:<16}  FAILED: {why}")
+    for v, r in runs.items():
+        if "round_split_ms" in r:  # each part's median over the rounds
+            r["split_ms"] = {part: statistics.median(s[part] for s in r["round_split_ms"]) for part in SPLIT}
+            print(f"  {v} step split (ms; benchmarks/lazy_step.py): "
+                  + ", ".join(f"{part} {ms:.1f}" for part, ms in r["split_ms"].items()))
     ratios = {}
     for ours, fsdp in [(z, f) for z in ("zero3", "zero3_capture") for f in ("fsdp2", "fsdp2_compiled")]:
         if {ours, fsdp} <= runs.keys():
