@@ -25,8 +25,11 @@
 #            ZeRO-3 with DeepCompile and without (ZERO_ROWS, ZERO_S seconds at
 #            most; DeepSpeed from .whl/); each round's figures are logged as
 #            they come, so a run cut short keeps them
+#   zoo      benchmarks/models.py --paired on the GPU (ZOO_MODELS, default
+#            gpt2,bert,resnet): eager, torch.compile(loss + opt), the captured
+#            loss; ZOO_S seconds at most
 # Most important first: a run cut short still says what matters. PHASES
-# picks some of "tests bench zero more" (default: all).
+# picks some of "tests bench zero more zoo" (default: all).
 # `--build-only` stops after the build; `--pack` and `--pack-deepspeed` make
 # what the machine cannot fetch (.gpu/, .whl/: carry both).
 set -u
@@ -109,7 +112,7 @@ done
 [ -n "$built" ] || { echo "no compiler made a working extension"; exit 1; }
 [ "${1:-}" = "--build-only" ] && exit 0
 
-phase() { [[ " ${PHASES:-tests bench zero more} " == *" $1 "* ]]; }
+phase() { [[ " ${PHASES:-tests bench zero more zoo} " == *" $1 "* ]]; }
 
 phase tests && { step tests
 timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 8 -rs tests/test_cuda.py \
@@ -147,4 +150,11 @@ phase zero && { step zero
 grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || { grep "ms/step, loss" "$OUT/zero.txt"; tail -30 "$OUT/zero.txt"; }; }
 
 phase more && for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_mlir_O1}; do bench "$row"; done
+
+# The zoo's small models on the GPU: the captured loss against torch.compile(loss + opt)
+phase zoo && { step zoo
+(cd benchmarks && timeout "${ZOO_S:-240}" python3 models.py --paired --block 5 --steps 20 --warmup 5 \
+   --models "${ZOO_MODELS:-gpt2,bert,resnet}" --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss \
+   --json "$OUT/models.json") > "$OUT/zoo.txt" 2>&1
+grep -A12 "^Zoo training steps" "$OUT/zoo.txt" || tail -30 "$OUT/zoo.txt"; }
 step done
