@@ -1,7 +1,9 @@
-"""Linears of CPU float32 groups on oneDNN (codegen/onednn_linear):
-which products are rewritten, and that training with them matches eager
-and really calls the op from the generated code. The tests' products are
-small: they lower the size threshold, except where it is the subject."""
+"""Matrix products of CPU float32 groups on oneDNN (codegen/onednn_linear):
+which products are rewritten into which op (linears into the inner
+product, weight gradients and bmm into the matmul primitive), and that
+training with them matches eager and really calls the ops from the
+generated code. The tests' products are small: they lower the size
+thresholds, except where those are the subject."""
 import pytest
 import torch
 import torch.fx as fx
@@ -9,7 +11,8 @@ import torch.fx as fx
 import lazy_mlir
 from lazy_mlir import metrics
 from lazy_mlir.codegen import onednn_linear
-from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, sgd, train
+from helpers import (LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd, small_gpt,
+                     small_gpt_batches, train)
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
@@ -18,6 +21,10 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def any_size(monkeypatch):
     monkeypatch.setattr(onednn_linear, "MIN_MULTIPLY_ADDS", 0)
+    monkeypatch.setattr(onednn_linear, "MIN_MATMUL_MULTIPLY_ADDS", 0)
+
+
+LINEAR, MATMUL = torch.ops.lazy_mlir.onednn_linear.default, torch.ops.lazy_mlir.onednn_matmul.default
 
 
 def _graph(build, dtype=torch.float32, device="cpu"):
@@ -71,16 +78,48 @@ def test_small_products_stay_mkl():
     assert onednn_linear.rewrite(_graph(_forward)) == 0  # 8 x 4 x 3 multiply-adds
 
 
-def test_input_gradients_are_rewritten_weight_gradients_stay_mkl(any_size):
+def test_input_gradients_are_linears_weight_gradients_matmuls(any_size):
+    """dY @ W is the inner product of dY and t(W); t(dY) @ X reduces over the
+    rows of both, which the matmul primitive takes transposed, no copy."""
     gm = _graph(_backward)
-    assert onednn_linear.rewrite(gm) == 1  # dY @ W, not t(dY) @ X
-    products = [n.target for n in gm.graph.nodes if n.target in (aten.mm.default,
-                                                                  torch.ops.lazy_mlir.onednn_linear.default)]
-    assert products == [torch.ops.lazy_mlir.onednn_linear.default, aten.mm.default], products
+    assert onednn_linear.rewrite(gm) == 2
+    products = [n.target for n in gm.graph.nodes if n.op == "call_function" and n.target in (aten.mm.default, LINEAR,
+                                                                                               MATMUL)]
+    assert products == [LINEAR, MATMUL], products
     x, w, dy, bias = torch.randn(8, 4), torch.randn(3, 4), torch.randn(8, 3), torch.randn(3)
     dx, dw = gm(x, w, dy, bias)
     torch.testing.assert_close(dx, dy @ w)
     torch.testing.assert_close(dw, dy.t() @ x)
+
+
+def _attention(graph, x, w, dy, bias):
+    """q @ t(k) batched, as an attention's scores: [2, 8, 4] @ [2, 4, 8]"""
+    q = _call(graph, aten.view.default, x, [2, 4, 4])
+    k = _call(graph, aten.view.default, x, [2, 4, 4])
+    scores = _call(graph, aten.bmm.default, q, _call(graph, aten.transpose.int, k, 1, 2))
+    return (scores,)
+
+
+def test_bmm_becomes_a_matmul_above_its_threshold(any_size, monkeypatch):
+    gm = _graph(_attention)
+    assert onednn_linear.rewrite(gm) == 1
+    assert [n.target for n in gm.graph.nodes if n.target in (aten.bmm.default, MATMUL)] == [MATMUL]
+    x = torch.randn(8, 4)
+    (scores,) = gm(x, None, None, None)
+    q = x.view(2, 4, 4)
+    torch.testing.assert_close(scores, torch.bmm(q, q.transpose(1, 2)))
+    monkeypatch.setattr(onednn_linear, "MIN_MATMUL_MULTIPLY_ADDS", 2 * 4 * 4 * 4 + 1)
+    assert onednn_linear.rewrite(_graph(_attention)) == 0
+
+
+def test_no_matmul_where_torch_cannot_run_it(any_size, monkeypatch):
+    """at::native::mkldnn_matmul refuses float32 without AVX-512 (or
+    AVX-NE-CONVERT): there the products stay MKL's, the linears move."""
+    monkeypatch.setattr(onednn_linear, "_matmul_usable", lambda: False)
+    gm = _graph(_backward)
+    assert onednn_linear.rewrite(gm) == 1
+    assert MATMUL not in [n.target for n in gm.graph.nodes]
+    assert onednn_linear.rewrite(_graph(_attention)) == 0
 
 
 def test_other_dtypes_devices_and_scaled_products_stay_mkl(any_size):
@@ -105,8 +144,10 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_
         assert_compiled(calls=4)
         generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
         # the MLP's three forward linears and two input gradients (the first layer's input needs none)
-        name = "lazy_mlir::onednn_linear" if cpp_wrapper else "lazy_mlir.onednn_linear"
-        assert generated.count(name) >= 5, generated[:2000]
+        linear, matmul = ("lazy_mlir::onednn_linear", "lazy_mlir::onednn_matmul") if cpp_wrapper else \
+            ("lazy_mlir.onednn_linear", "lazy_mlir.onednn_matmul")
+        assert generated.count(linear) >= 5, generated[:2000]
+        assert generated.count(matmul) >= 3, generated[:2000]  # the three weight gradients
         if cpp_wrapper:
             s = metrics.snapshot()
             assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
@@ -114,18 +155,44 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_
         lazy_mlir.init("O1")
 
 
-def test_the_op_is_a_cpu_kernel_in_cpp():
-    """The generated code calls the op through the dispatcher with the GIL
+def test_the_ops_are_cpu_kernels_in_cpp():
+    """The generated code calls the ops through the dispatcher with the GIL
     released: a Python kernel would take the GIL back on every call (and
-    wait behind a background compile's thread). The C++ kernel computes
+    wait behind a background compile's thread). The linear computes
     x @ W.t() + b, W given as is or as the transposed view of an input
-    gradient."""
-    dump = torch._C._dispatch_dump("lazy_mlir::onednn_linear")
-    cpu = next(line for line in dump.splitlines() if line.startswith("CPU:"))
-    assert "onednn_linear.cpp" in cpu, dump
+    gradient; the matmul a @ b, 2-D or batched, either side transposed."""
+    for name in ("lazy_mlir::onednn_linear", "lazy_mlir::onednn_matmul"):
+        dump = torch._C._dispatch_dump(name)
+        cpu = next(line for line in dump.splitlines() if line.startswith("CPU:"))
+        assert "onednn_ops.cpp" in cpu, dump
     x, w, b = torch.randn(64, 48), torch.randn(32, 48), torch.randn(32)
     op = torch.ops.lazy_mlir.onednn_linear
     torch.testing.assert_close(op(x, w, b), torch.addmm(b, x, w.t()))
     torch.testing.assert_close(op(x, w, None), x @ w.t())
     wt = torch.randn(48, 32).t()  # [32, 48], column-major
     torch.testing.assert_close(op(x, wt, None), x @ wt.t())
+    mm = torch.ops.lazy_mlir.onednn_matmul
+    dy = torch.randn(64, 32)
+    torch.testing.assert_close(mm(dy.t(), x), dy.t() @ x)
+    q, k = torch.randn(4, 16, 8), torch.randn(4, 16, 8)
+    torch.testing.assert_close(mm(q, k.transpose(1, 2)), torch.bmm(q, k.transpose(1, 2)))
+    torch.testing.assert_close(mm(q.transpose(1, 2), k), torch.bmm(q.transpose(1, 2), k))
+
+
+def test_small_gpt_trains_as_eager_with_every_product_on_onednn(tmp_path, any_size):
+    """Attention's bmm (operands transposed by the trace's views) and the
+    weight gradients as matmuls, the linears as inner products, in one
+    compiled step against eager."""
+    lazy_mlir.init("O1", cache=False, dump_dir=str(tmp_path))
+    try:
+        lazy_mlir._C.clear_computation_cache()
+        metrics.reset()
+        batches = small_gpt_batches(steps=3)
+        eager = train(small_gpt, make_adamw, batches, CPU)
+        lazy = train(small_gpt, make_adamw, batches, LAZY)
+        assert_same_training(eager, lazy, rtol=1e-4, atol=1e-5)
+        assert_compiled(calls=3)
+        generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
+        assert "extern_kernels.bmm" not in generated and "lazy_mlir.onednn_matmul" in generated, generated[:2000]
+    finally:
+        lazy_mlir.init("O1")

@@ -87,8 +87,9 @@ class Config:
     # (lazy_mlir.native_call); read at each init(), for every group.
     # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
     native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
-    # A CPU group's large float32 linears (forward and input gradient) on
-    # oneDNN's inner product instead of MKL's GEMM (codegen/onednn_linear).
+    # A CPU group's large float32 matrix products on oneDNN instead of MKL:
+    # linears (forward, input gradient) on its inner product, weight
+    # gradients and bmm on its matmul primitive (codegen/onednn_linear).
     # LAZY_MLIR_ONEDNN_LINEAR=0 turns it off.
     onednn_linear: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_ONEDNN_LINEAR", True))
     # On a GPU, replay a group's generated code as one CUDA graph from its

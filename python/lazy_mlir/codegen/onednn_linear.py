@@ -1,27 +1,36 @@
-"""A CPU group's linears on oneDNN's inner product instead of MKL's GEMM.
+"""A CPU group's matrix products on oneDNN instead of MKL.
 
 Inductor calls MKL for every matrix product of a training step (``mm``,
-``addmm``: extern kernels), and so does torch.compile. On this project's
-CPU machines (AMD EPYC, AVX-512) oneDNN's inner product
-(``mkldnn._linear_pointwise``, the weight not prepacked) is faster for a
-linear's forward and its input gradient: README "Linears on
-oneDNN" has the figures. Inductor lowers ``_linear_pointwise`` only for
-constant (frozen) weights, so the call is wrapped in an op of ours, which
-Inductor leaves to the dispatcher; its kernel is C++, so that the
-generated code's calls run no Python and take no GIL.
+``addmm``, ``bmm``: extern kernels), and so does torch.compile. On this
+project's CPU machines (AMD EPYC, AVX-512) oneDNN is faster (README
+"Linears on oneDNN" has the figures):
 
-Rewritten, in float32 and from MIN_MULTIPLY_ADDS on: ``mm(x, t(W))`` and
-``addmm(bias, x, t(W))``, the inner product of x and W, whatever W is: a
-forward's weight, or ``t(W)`` in an input gradient ``dY @ W`` (oneDNN
-takes the transposed weight without a copy). A weight's gradient
-``t(X) @ dY`` stays MKL's: oneDNN was slower on the transposed input.
+- its inner product (``mkldnn._linear_pointwise``, the weight not
+  prepacked) for ``mm(x, t(W))`` and ``addmm(bias, x, t(W))``: a linear's
+  forward, and its input gradient ``dY @ W`` as ``x = dY`` with ``t(W)``
+  (the transposed weight taken without a copy);
+- its matmul primitive (``at::native::mkldnn_matmul``) for the other
+  ``mm``, a weight's gradient ``t(dY) @ X``, whose operands it reads
+  transposed without a copy (the inner product needs the reduced dimension
+  contiguous), and for ``bmm`` (an attention's products).
+
+Inductor lowers ``_linear_pointwise`` only for constant (frozen) weights and
+has no lowering for the matmul primitive, so each call is an op of ours
+(``lazy_mlir::onednn_linear``, ``lazy_mlir::onednn_matmul``) that Inductor
+leaves to the dispatcher; their kernels are C++ (runtime/onednn_ops.cpp),
+so that the generated code's calls run no Python and take no GIL. Only
+float32 products from a size on are rewritten: below it, oneDNN's cost per
+call loses.
 """
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 import torch.fx as fx
 
-from .. import _C  # noqa: F401 - defines lazy_mlir::onednn_linear, its CPU kernel in C++ (runtime/onednn_linear.cpp)
+from .. import _C  # noqa: F401 - defines the ops, their CPU kernels in C++ (runtime/onednn_ops.cpp)
 
 aten = torch.ops.aten
 
@@ -32,6 +41,12 @@ def _(x, weight, bias):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+@torch.library.register_fake("lazy_mlir::onednn_matmul")
+def _(a, b):
+    """a @ b by oneDNN's matmul primitive (2-D, or 3-D batched; either operand may be transposed)."""
+    return a.new_empty((*a.shape[:-1], b.shape[-1]))
+
+
 _TRANSPOSES = (aten.t.default, aten.t_copy.default)
 # Products of fewer multiply-adds stay MKL's: oneDNN's cost per call made the
 # zoo's small models slower (HF BERT, linears of 32 x 64 x 64: the loss-captured
@@ -40,35 +55,80 @@ _TRANSPOSES = (aten.t.default, aten.t_copy.default)
 MIN_MULTIPLY_ADDS = 2 ** 26
 
 
+# The matmul primitive's floor, over a bmm's whole batch: GPT-mini's
+# attention products (32 x 128 x 128 x 64 = 2**25) were 1-21% faster on it,
+# its weight gradients (2**26 to 2**28) 0-26%; the zoo's stay below.
+MIN_MATMUL_MULTIPLY_ADDS = 2 ** 25
+
+
 def rewrite(gm: fx.GraphModule) -> int:
-    """Rewrites ``gm``'s linears (forwards, input gradients) in place; returns how many."""
+    """Rewrites ``gm``'s float32 CPU products in place: linears (forwards,
+    input gradients) into ``onednn_linear``, the other ``mm`` (weight
+    gradients) and ``bmm`` into ``onednn_matmul``; returns how many."""
     graph, rewritten = gm.graph, 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+        if node.op != "call_function":
             continue
-        if node.target is aten.addmm.default:
-            if len(node.args) != 3 or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
-                continue
-            bias, x, transposed = node.args
+        if node.target in (aten.mm.default, aten.addmm.default):
+            replacement = _linear(node)
+            if replacement is None and node.target is aten.mm.default:
+                replacement = _matmul(node)
+        elif node.target is aten.bmm.default:
+            replacement = _matmul(node)
         else:
-            bias, (x, transposed) = None, node.args
-        weight = _untransposed(transposed)
-        if weight is None or _untransposed(x) is not None:  # t(X) @ dY: a weight's gradient, MKL's
             continue
-        if not _float32_matrices(x, weight) or (bias is not None and not _bias_of(bias, weight)):
+        if replacement is None:
             continue
-        if not _large(_val(x).shape, _val(weight).shape):
-            continue
+        target, args = replacement
         with graph.inserting_before(node):
-            linear = graph.call_function(torch.ops.lazy_mlir.onednn_linear.default, (x, weight, bias))
-        linear.meta = dict(node.meta)
-        node.replace_all_uses_with(linear)
+            product = graph.call_function(target, args)
+        product.meta = dict(node.meta)
+        node.replace_all_uses_with(product)
         graph.erase_node(node)
         rewritten += 1
     if rewritten:
-        graph.eliminate_dead_code()  # the transposes only the products read
+        graph.eliminate_dead_code()  # the transposes only the linears read
         gm.recompile()
     return rewritten
+
+
+def _linear(node):
+    """(onednn_linear, its arguments) for ``mm(x, t(W))`` or ``addmm(bias, x, t(W))``, else None."""
+    if node.target is aten.addmm.default:
+        if len(node.args) != 3 or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, transposed = node.args
+    else:
+        bias, (x, transposed) = None, node.args
+    weight = _untransposed(transposed)
+    if weight is None or _untransposed(x) is not None:  # t(X) @ dY: a weight's gradient, for _matmul
+        return None
+    if not _float32_cpu(x, weight, dims=2) or (bias is not None and not _bias_of(bias, weight)):
+        return None
+    if not _at_least(MIN_MULTIPLY_ADDS, *_val(x).shape, _val(weight).shape[0]):
+        return None
+    return torch.ops.lazy_mlir.onednn_linear.default, (x, weight, bias)
+
+
+def _matmul(node):
+    """(onednn_matmul, its arguments) for a large float32 ``mm(a, b)`` or ``bmm(a, b)``, else None."""
+    if len(node.args) != 2 or node.kwargs or not _matmul_usable():
+        return None
+    a, b = node.args
+    dims = 3 if node.target is aten.bmm.default else 2
+    if not _float32_cpu(a, b, dims=dims):
+        return None
+    if not _at_least(MIN_MATMUL_MULTIPLY_ADDS, *_val(a).shape, _val(b).shape[-1]):
+        return None
+    return torch.ops.lazy_mlir.onednn_matmul.default, (a, b)
+
+
+@functools.cache
+def _matmul_usable() -> bool:
+    """at::native::mkldnn_matmul takes float32 only on CPUs with AVX-512 (BW,
+    VL, DQ) or AVX-NE-CONVERT (the check it shares with bfloat16), and in a
+    torch built with oneDNN."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _untransposed(node):
@@ -82,17 +142,16 @@ def _val(node):
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
-def _float32_matrices(*nodes) -> bool:
+def _float32_cpu(*nodes, dims: int) -> bool:
     vals = [_val(n) for n in nodes]
-    return all(v is not None and v.dtype == torch.float32 and v.device.type == "cpu" and v.dim() == 2 for v in vals)
+    return all(v is not None and v.dtype == torch.float32 and v.device.type == "cpu" and v.dim() == dims for v in vals)
 
 
-def _large(x_shape, weight_shape) -> bool:
-    sizes = (*x_shape, weight_shape[0])
+def _at_least(minimum: int, *sizes) -> bool:
+    """Whether the product of ``sizes`` (a product's multiply-adds) reaches ``minimum``."""
     if not all(isinstance(n, int) for n in sizes):  # symbolic (shape-generic code): unknown, MKL's
         return False
-    m, k, n = sizes
-    return m * k * n >= MIN_MULTIPLY_ADDS
+    return math.prod(sizes) >= minimum
 
 
 def _bias_of(bias, weight) -> bool:
