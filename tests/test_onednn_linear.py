@@ -128,31 +128,37 @@ def test_other_dtypes_devices_and_scaled_products_stay_mkl(any_size):
     assert onednn_linear.rewrite(_graph(_scaled)) == 0
 
 
+def _trained_like_eager(tmp_path, make_model, make_opt, batches, rtol, atol, **config) -> str:
+    """Trains ``make_model`` compiled anew (no cache; an earlier test's graph
+    would run its code) and eagerly; checks the numbers and that generated
+    code ran; returns that code as dumped."""
+    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False, **config)
+    try:
+        lazy_mlir._C.clear_computation_cache()
+        metrics.reset()
+        eager = train(make_model, make_opt, batches, CPU)
+        lazy = train(make_model, make_opt, batches, LAZY)
+        assert_same_training(eager, lazy, rtol=rtol, atol=atol)
+        assert_compiled(calls=len(batches))
+        return "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
+    finally:
+        lazy_mlir.init("O1")
+
+
 @pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python_wrapper", "cpp_wrapper"])
 def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_wrapper):
     """With Inductor's C++ wrapper (the default outside the suite) the code
-    calls the op through aoti_torch_call_dispatcher, from C++ after each
+    calls the ops through aoti_torch_call_dispatcher, from C++ after each
     group's first run."""
-    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False, cpp_wrapper=cpp_wrapper)
-    try:
-        lazy_mlir._C.clear_computation_cache()  # an earlier test's MLP graph would run its code: compile anew
-        metrics.reset()
-        batches = mlp_batches(steps=4)
-        eager = train(make_mlp, sgd, batches, CPU)
-        lazy = train(make_mlp, sgd, batches, LAZY)
-        assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6)
-        assert_compiled(calls=4)
-        generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
-        # the MLP's three forward linears and two input gradients (the first layer's input needs none)
-        linear, matmul = ("lazy_mlir::onednn_linear", "lazy_mlir::onednn_matmul") if cpp_wrapper else \
-            ("lazy_mlir.onednn_linear", "lazy_mlir.onednn_matmul")
-        assert generated.count(linear) >= 5, generated[:2000]
-        assert generated.count(matmul) >= 3, generated[:2000]  # the three weight gradients
-        if cpp_wrapper:
-            s = metrics.snapshot()
-            assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
-    finally:
-        lazy_mlir.init("O1")
+    generated = _trained_like_eager(tmp_path, make_mlp, sgd, mlp_batches(steps=4), 1e-5, 1e-6, cpp_wrapper=cpp_wrapper)
+    # the MLP's three forward linears and two input gradients (the first layer's input needs none)
+    linear, matmul = ("lazy_mlir::onednn_linear", "lazy_mlir::onednn_matmul") if cpp_wrapper else \
+        ("lazy_mlir.onednn_linear", "lazy_mlir.onednn_matmul")
+    assert generated.count(linear) >= 5, generated[:2000]
+    assert generated.count(matmul) >= 3, generated[:2000]  # the three weight gradients
+    if cpp_wrapper:
+        s = metrics.snapshot()
+        assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
 
 
 def test_the_ops_are_cpu_kernels_in_cpp():
@@ -183,16 +189,5 @@ def test_small_gpt_trains_as_eager_with_every_product_on_onednn(tmp_path, any_si
     """Attention's bmm (operands transposed by the trace's views) and the
     weight gradients as matmuls, the linears as inner products, in one
     compiled step against eager."""
-    lazy_mlir.init("O1", cache=False, dump_dir=str(tmp_path))
-    try:
-        lazy_mlir._C.clear_computation_cache()
-        metrics.reset()
-        batches = small_gpt_batches(steps=3)
-        eager = train(small_gpt, make_adamw, batches, CPU)
-        lazy = train(small_gpt, make_adamw, batches, LAZY)
-        assert_same_training(eager, lazy, rtol=1e-4, atol=1e-5)
-        assert_compiled(calls=3)
-        generated = "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
-        assert "extern_kernels.bmm" not in generated and "lazy_mlir.onednn_matmul" in generated, generated[:2000]
-    finally:
-        lazy_mlir.init("O1")
+    generated = _trained_like_eager(tmp_path, small_gpt, make_adamw, small_gpt_batches(steps=3), 1e-4, 1e-5)
+    assert "extern_kernels.bmm" not in generated and "lazy_mlir.onednn_matmul" in generated, generated[:2000]
