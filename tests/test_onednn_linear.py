@@ -74,6 +74,22 @@ def test_forward_linears_are_rewritten_and_compute_the_same(any_size):
     torch.testing.assert_close(addmm_kw, x @ w.t() + bias)
 
 
+def _conv1d(graph, x, w, dy, bias):
+    """Hugging Face's Conv1D (GPT-2's linears): addmm(bias, x, B), B stored [in, out]"""
+    return (_call(graph, aten.addmm.default, bias, x, _call(graph, aten.t.default, w)),  # a clone of t(w) below
+            _call(graph, aten.addmm.default, bias, x, _call(graph, aten.clone.default, _call(graph, aten.t.default, w),
+                                                            memory_format=torch.contiguous_format)))
+
+
+def test_a_weight_stored_in_by_out_is_a_linear_too(any_size):
+    gm = _graph(_conv1d)
+    assert onednn_linear.rewrite(gm) == 2
+    assert [n.target for n in gm.graph.nodes if n.target in (aten.addmm.default, LINEAR)] == [LINEAR, LINEAR]
+    x, w, bias = torch.randn(8, 4), torch.randn(3, 4), torch.randn(3)
+    for out in gm(x, w, None, bias):
+        torch.testing.assert_close(out, x @ w.t() + bias)
+
+
 def test_small_products_stay_mkl():
     assert onednn_linear.rewrite(_graph(_forward)) == 0  # 8 x 4 x 3 multiply-adds
 

@@ -65,6 +65,8 @@ def rewrite(gm: fx.GraphModule) -> int:
     """Rewrites ``gm``'s float32 CPU products in place: linears (forwards,
     input gradients) into ``onednn_linear``, the other ``mm`` (weight
     gradients) and ``bmm`` into ``onednn_matmul``; returns how many."""
+    if not torch.backends.mkldnn.is_available():  # a torch built without oneDNN
+        return 0
     graph, rewritten = gm.graph, 0
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -93,20 +95,33 @@ def rewrite(gm: fx.GraphModule) -> int:
 
 
 def _linear(node):
-    """(onednn_linear, its arguments) for ``mm(x, t(W))`` or ``addmm(bias, x, t(W))``, else None."""
+    """(onednn_linear, its arguments) for ``mm(x, t(W))`` or ``addmm(bias, x,
+    t(W))``, and for ``addmm(bias, x, B)``, a linear whose weight is stored
+    [in, out] (Hugging Face's Conv1D: GPT-2's), with W = t(B) inserted (a
+    view oneDNN takes without a copy); else None."""
     if node.target is aten.addmm.default:
         if len(node.args) != 3 or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             return None
-        bias, x, transposed = node.args
+        bias, x, b = node.args
     else:
-        bias, (x, transposed) = None, node.args
-    weight = _untransposed(transposed)
-    if weight is None or _untransposed(x) is not None:  # t(X) @ dY: a weight's gradient, for _matmul
+        bias, (x, b) = None, node.args
+    if _untransposed(x) is not None:  # t(X) @ dY: a weight's gradient, for _matmul
         return None
-    if not _float32_cpu(x, weight, dims=2) or (bias is not None and not _bias_of(bias, weight)):
+    weight = _untransposed(b)
+    if weight is None and bias is None:  # mm(x, B): for _matmul
         return None
-    if not _at_least(MIN_MULTIPLY_ADDS, *_val(x).shape, _val(weight).shape[0]):
+    if weight is not None:
+        w = _val(weight)
+    else:  # addmm(bias, x, B): the weight is t(B)
+        w = _val(b).t() if _val(b) is not None and _val(b).dim() == 2 else None
+    if not _float32_cpu(_val(x), w, dims=2) or (bias is not None and not _bias_of(_val(bias), w)):
         return None
+    if not _at_least(MIN_MULTIPLY_ADDS, *_val(x).shape, w.shape[0]):
+        return None
+    if weight is None:
+        with node.graph.inserting_before(node):
+            weight = node.graph.call_function(aten.t.default, (b,))
+        weight.meta["val"] = w
     return torch.ops.lazy_mlir.onednn_linear.default, (x, weight, bias)
 
 
@@ -116,7 +131,7 @@ def _matmul(node):
         return None
     a, b = node.args
     dims = 3 if node.target is aten.bmm.default else 2
-    if not _float32_cpu(a, b, dims=dims):
+    if not _float32_cpu(_val(a), _val(b), dims=dims):
         return None
     if not _at_least(MIN_MATMUL_MULTIPLY_ADDS, *_val(a).shape, _val(b).shape[-1]):
         return None
@@ -126,9 +141,8 @@ def _matmul(node):
 @functools.cache
 def _matmul_usable() -> bool:
     """at::native::mkldnn_matmul takes float32 only on CPUs with AVX-512 (BW,
-    VL, DQ) or AVX-NE-CONVERT (the check it shares with bfloat16), and in a
-    torch built with oneDNN."""
-    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    VL, DQ) or AVX-NE-CONVERT (the check it shares with bfloat16)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _untransposed(node):
@@ -142,8 +156,7 @@ def _val(node):
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
-def _float32_cpu(*nodes, dims: int) -> bool:
-    vals = [_val(n) for n in nodes]
+def _float32_cpu(*vals, dims: int) -> bool:
     return all(v is not None and v.dtype == torch.float32 and v.device.type == "cpu" and v.dim() == dims for v in vals)
 
 
@@ -155,6 +168,6 @@ def _at_least(minimum: int, *sizes) -> bool:
 
 
 def _bias_of(bias, weight) -> bool:
-    """addmm broadcasts its first operand; the inner product takes one value per output feature."""
-    v = _val(bias)
-    return v is not None and v.dtype == torch.float32 and v.dim() == 1 and v.shape[0] == _val(weight).shape[0]
+    """addmm broadcasts its first operand; the inner product takes one value
+    per output feature (``bias``, ``weight``: their values)."""
+    return bias is not None and bias.dtype == torch.float32 and bias.dim() == 1 and bias.shape[0] == weight.shape[0]
