@@ -13,8 +13,12 @@ and torch.compile run on the device backing lazy_mlir's
 warm-up, ratios to eager and to each torch.compile row, first-step seconds
 (tracing + compiling), and for lazy_mlir graph executions and eager
 fallbacks per step and the step's split into trace / ltc / compile / glue /
-kernels (defined in benchmarks/lazy_step.py). fp32, the zoo's tiny configs
-(hidden 32, batch 2): per-step overhead dominates, as in small-batch steps.
+kernels (defined in benchmarks/lazy_step.py). fp32. The zoo's tiny configs
+(hidden 32, batch 2, the tests' models) by default: per-step overhead
+dominates, as in small-batch steps. ``--size base`` runs the same models at
+4 layers x 256 (FFN 1024, vocabulary 1024), batch 8, 128 tokens (64 x 64
+images; the CNNs 8x as wide), where matrix products and convolutions
+dominate, as in real training (tests/models/zoo.py SIZES).
 
 A row that failed, or a lazy_mlir row whose timed steps did not all run
 generated code (a group in TorchScript, an eager fallback, no compiled group
@@ -23,6 +27,7 @@ call), shows FAILED and why instead of a figure, and the script exits 1.
     .venv/bin/python benchmarks/models.py [--steps 20] [--warmup 5] [--rounds 1] [--models gpt2,resnet]
     .venv/bin/python benchmarks/models.py --paired   # per model, the rows take turns in one process
     .venv/bin/python benchmarks/models.py --paired --block 5   # turns of 5 steps, 4 of them timed
+    .venv/bin/python benchmarks/models.py --paired --block 5 --size base --steps 12 --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss
 
 Taking turns step by step, each row's step follows another row's, which has
 evicted its caches; a training process runs one model, and ``--block``
@@ -50,7 +55,7 @@ OPT_COMPILED = ("compile_model_opt", "compile_loss_opt")
 W = 27  # the variant column
 
 
-def _make_step(name: str, variant: str):
+def _make_step(name: str, variant: str, size: str):
     """(step(batch) -> loss value, the model's batches) for one row; lazy_mlir
     rows initialise the lazy backend (one per process)."""
     import torch
@@ -63,7 +68,7 @@ def _make_step(name: str, variant: str):
         import lazy_mlir
         lazy_mlir.init(_level(variant))
     device = torch.device("lazy" if lazy else backing_device())
-    v, spec = zoo.base_variant(name), zoo.SPECS[name]
+    v, spec = zoo.base_variant(name, size=size), zoo.SPECS[name]
     model = zoo.make_model(v, torch.float32).to(device)
     model.train()
     opt = spec.optimizer(model)
@@ -108,10 +113,10 @@ def _lazy_checks(variant: str, steps: int) -> dict:
     return result
 
 
-def run_variant(name: str, variant: str, steps: int, warmup: int) -> dict:
+def run_variant(name: str, variant: str, size: str, steps: int, warmup: int) -> dict:
     """Runs in the child process."""
     lazy = variant.startswith("lazy_mlir")
-    step, batches = _make_step(name, variant)
+    step, batches = _make_step(name, variant, size)
     split = StepSplit() if lazy else None
     times, losses = [], []
     for i, batch in enumerate(batches(warmup + steps)):
@@ -132,13 +137,13 @@ def run_variant(name: str, variant: str, steps: int, warmup: int) -> dict:
     return result
 
 
-def run_paired(name: str, variants: list[str], steps: int, warmup: int, block: int) -> dict:
+def run_paired(name: str, variants: list[str], size: str, steps: int, warmup: int, block: int) -> dict:
     """Runs in the child process: every row of ``name``, ``block`` steps each
     in turn (at most one lazy_mlir row), with the time in generated code
     split out."""
     if sum(v.startswith("lazy_mlir") for v in variants) > 1:
         raise SystemExit("--paired takes at most one lazy_mlir row")
-    rows = {v: _make_step(name, v) for v in variants}
+    rows = {v: _make_step(name, v, size) for v in variants}
     batches = rows[variants[0]][1](warmup + steps)
     results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup, block)
     for v, r in results.items():
@@ -162,17 +167,21 @@ def main():
     parser.add_argument("--block", type=int, default=1,
                         help="with --paired: each row runs this many steps per turn, the first of each turn "
                              "(after another row's) not timed; 1: rows alternate step by step")
+    parser.add_argument("--size", default="tiny", choices=["tiny", "base"],
+                        help="the models' size (tests/models/zoo.py SIZES): tiny, the tests' models; base, "
+                             "4 layers x 256, batch 8, 128 tokens")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-paired", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(*args.child, args.steps, args.warmup)))
+        print(json.dumps(run_variant(*args.child, args.size, args.steps, args.warmup)))
         return
     if args.child_paired:
-        print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.steps, args.warmup, args.block)))
+        print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.size, args.steps, args.warmup,
+                                    args.block)))
         return
 
-    common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
     runs: dict[tuple[str, str], list[dict]] = {}
     for round_ in range(args.rounds):
         for name in args.models.split(","):
@@ -194,7 +203,7 @@ def main():
            "all rows of a model in one process taking turns step by step" if args.block == 1 else
            f"all rows of a model in one process taking turns every {args.block} steps, the first of each turn "
            f"not timed")
-    print(f"\nZoo training steps (fp32) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
+    print(f"\nZoo training steps (fp32, {args.size} models) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
           f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
     print(f"{'model':<10}{'variant':<{W}}{'ms/step':>9}{RATIO_COLUMNS}{'/c.l+opt':>9}{'first s':>9}"

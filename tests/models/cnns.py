@@ -113,21 +113,22 @@ class MobileNetV3Small(nn.Module):
     inverted residuals (SE+ReLU stride 2, ReLU stride 2, SE+hardswish with a
     residual), last 1x1 conv, pool, Linear-hardswish-Dropout-Linear head."""
 
-    def __init__(self, num_classes: int = 10, dropout: float = 0.2):
+    def __init__(self, num_classes: int = 10, dropout: float = 0.2, width: int = 1):
         super().__init__()
+        w = width  # every channel count times this
         settings = [  # cin, expanded, cout, kernel, use_se, act, stride
-            (8, 8, 8, 3, True, nn.ReLU, 2),
-            (8, 24, 16, 3, False, nn.ReLU, 2),
-            (16, 32, 16, 5, True, nn.Hardswish, 1),
+            (8 * w, 8 * w, 8 * w, 3, True, nn.ReLU, 2),
+            (8 * w, 24 * w, 16 * w, 3, False, nn.ReLU, 2),
+            (16 * w, 32 * w, 16 * w, 5, True, nn.Hardswish, 1),
         ]
         self.features = nn.Sequential(
-            _conv_bn_act(3, 8, 3, stride=2),
+            _conv_bn_act(3, 8 * w, 3, stride=2),
             *[InvertedResidual(*s) for s in settings],
-            _conv_bn_act(16, 48, 1),
+            _conv_bn_act(16 * w, 48 * w, 1),
         )
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Linear(48, 64), nn.Hardswish(), nn.Dropout(dropout),
-                                        nn.Linear(64, num_classes))
+        self.classifier = nn.Sequential(nn.Linear(48 * w, 64 * w), nn.Hardswish(), nn.Dropout(dropout),
+                                        nn.Linear(64 * w, num_classes))
         for m in self.modules():  # torchvision's init
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out")

@@ -239,3 +239,22 @@ def test_cpp_wrapped_code_is_called_from_cpp(lazy_o1, model):
     assert steady["fallback_count"] == 0 and steady["groups_fallen_back"] == {}, lazy.reports["steady"]
     assert steady["native_group_calls"] == steady["compiled_group_calls"] == steady["group_calls"] > 0, \
         lazy.reports["steady"]
+
+
+@pytest.mark.parametrize("name", list(zoo.SPECS))
+def test_base_size_scales_every_model_and_its_batches(name):
+    """benchmarks/models.py --size base: each model at the base size's
+    dimensions (more than 10x the tiny one's parameters), its batches at the
+    base batch and length, and a finite eager loss on them."""
+    tiny, base = zoo.base_variant(name), zoo.base_variant(name, size="base")
+    assert (tiny.size, base.size) == ("tiny", "base") and base.id.endswith("-base")
+    small, large = zoo.make_model(tiny, torch.float32), zoo.make_model(base, torch.float32)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(large) > 10 * count(small)
+    if hasattr(large, "config"):
+        hidden = getattr(large.config, "hidden_size", None) or large.config.d_model
+        assert hidden == zoo.SIZES["base"].hidden
+    batch = zoo.batches(base, 1, torch.float32)[0]
+    assert (batch[0].shape[0], batch[0].shape[-1]) == (zoo.SIZES["base"].batch, base.length)  # tokens, image side
+    with torch.no_grad():
+        assert torch.isfinite(zoo.SPECS[name].loss(large, *batch))

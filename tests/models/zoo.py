@@ -2,8 +2,11 @@
 random init (no hub downloads), with their inputs, loss and optimizer.
 
 A ``Variant`` names one configuration: model, attention implementation
-(HF's ``attn_implementation``; None for CNNs), dropout probability and
-first length (tokens, or the image side for vision models). ``batches()``
+(HF's ``attn_implementation``; None for CNNs), dropout probability, first
+length (tokens, or the image side for vision models) and size: the tests
+train "tiny" models, where per-step overhead dominates;
+``benchmarks/models.py --size base`` runs the same models at a size where
+matrix products and convolutions dominate, as in real training. ``batches()``
 gives ``steps`` full batches, one ragged batch (batch size 1, the way a data
 loader ends an epoch), then one full batch at the model's other length. Losses are computed here from the logits, in the
 model's dtype (HF's own loss casts logits to fp32, which would hide fp64).
@@ -23,7 +26,25 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from cnns import MobileNetV3Small, ResNet  # noqa: E402
 
-VOCAB, BATCH, CLASSES = 64, 2, 10
+VOCAB, BATCH, CLASSES = 64, 2, 10  # the tiny size's vocabulary and batch
+
+
+@dataclass(frozen=True)
+class Size:
+    """The dimensions a size gives every model (the tiny size's are the
+    zoo's original configs: the tests' compiles and tolerances rest on them)."""
+    layers: int
+    hidden: int
+    heads: int      # twice as many for Llama (half of them key/value heads), T5 and BART
+    ffn: int
+    vocab: int
+    batch: int
+    patch: int      # ViT's patch side
+    cnn_width: int  # the CNNs' channels, times this
+
+
+SIZES = {"tiny": Size(layers=1, hidden=32, heads=2, ffn=64, vocab=VOCAB, batch=BATCH, patch=4, cnn_width=1),
+         "base": Size(layers=4, hidden=256, heads=4, ffn=1024, vocab=1024, batch=8, patch=8, cnn_width=8)}
 
 
 @dataclass(frozen=True)
@@ -32,11 +53,17 @@ class Variant:
     attn: str | None = "sdpa"
     dropout: float = 0.0
     length: int = 8
+    size: str = "tiny"
 
     @property
     def id(self) -> str:
         attn = f"-{self.attn}" if self.attn else ""
-        return f"{self.model}{attn}-p{self.dropout:g}"
+        size = "" if self.size == "tiny" else f"-{self.size}"
+        return f"{self.model}{attn}-p{self.dropout:g}{size}"
+
+    @property
+    def dims(self) -> Size:
+        return SIZES[self.size]
 
     @property
     def other_length(self) -> int:
@@ -51,7 +78,8 @@ class Spec:
     optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]
     attns: tuple = ("sdpa", "eager")
     dropouts: tuple = (0.0, 0.1)
-    lengths: tuple = (8, 16)
+    lengths: tuple = (8, 16)  # at the tiny size
+    base_length: int = 128    # the first length at other sizes
 
 
 def adamw(model):
@@ -69,21 +97,30 @@ def _hf(model_cls, config, v: Variant):
 # ------------------------------------------------------------- transformers
 def _gpt2(v):
     from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=VOCAB, bos_token_id=0,
+    d = v.dims
+    cfg = GPT2Config(n_layer=d.layers, n_embd=d.hidden, n_head=d.heads, n_positions=_positions(v),
+                     vocab_size=d.vocab, bos_token_id=0,
                      eos_token_id=0, resid_pdrop=v.dropout, embd_pdrop=v.dropout, attn_pdrop=v.dropout)
     return _hf(GPT2LMHeadModel, cfg, v)
 
 
 def _llama(v):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=16, vocab_size=VOCAB, bos_token_id=0,
+    d = v.dims
+    cfg = LlamaConfig(num_hidden_layers=d.layers, hidden_size=d.hidden, intermediate_size=d.ffn,
+                      num_attention_heads=2 * d.heads, num_key_value_heads=d.heads,
+                      max_position_embeddings=_positions(v), vocab_size=d.vocab, bos_token_id=0,
                       eos_token_id=0, pad_token_id=0, attention_dropout=v.dropout)
     return _hf(LlamaForCausalLM, cfg, v)
 
 
+def _positions(v) -> int:
+    """Position embeddings for both lengths of the variant's size."""
+    return max(16, v.length)
+
+
 def _tokens(v, batch, g):
-    return (torch.randint(1, VOCAB, (batch, v.length), generator=g),)
+    return (torch.randint(1, v.dims.vocab, (batch, v.length), generator=g),)
 
 
 def _causal_lm_loss(model, ids):
@@ -103,15 +140,17 @@ def _padding_mask(v, batch):
 
 def _bert(v):
     from transformers import BertConfig, BertForMaskedLM
-    cfg = BertConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                     max_position_embeddings=16, vocab_size=VOCAB, pad_token_id=0,
+    d = v.dims
+    cfg = BertConfig(num_hidden_layers=d.layers, hidden_size=d.hidden, intermediate_size=d.ffn,
+                     num_attention_heads=d.heads, max_position_embeddings=_positions(v), vocab_size=d.vocab,
+                     pad_token_id=0,
                      hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout)
     return _hf(BertForMaskedLM, cfg, v)
 
 
 def _bert_inputs(v, batch, g):
-    ids = torch.randint(1, VOCAB, (batch, v.length), generator=g)
-    targets = torch.randint(1, VOCAB, (batch, v.length), generator=g)
+    ids = torch.randint(1, v.dims.vocab, (batch, v.length), generator=g)
+    targets = torch.randint(1, v.dims.vocab, (batch, v.length), generator=g)
     return ids, _padding_mask(v, batch), targets
 
 
@@ -122,15 +161,18 @@ def _bert_loss(model, ids, mask, targets):
 
 def _t5(v):
     from transformers import T5Config, T5ForConditionalGeneration
-    cfg = T5Config(num_layers=1, num_decoder_layers=1, d_model=32, d_kv=8, num_heads=4, d_ff=64,
-                   vocab_size=VOCAB, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+    d = v.dims
+    cfg = T5Config(num_layers=d.layers, num_decoder_layers=d.layers, d_model=d.hidden,
+                   d_kv=d.hidden // (2 * d.heads), num_heads=2 * d.heads, d_ff=d.ffn, vocab_size=d.vocab,
+                   relative_attention_num_buckets=8 if v.size == "tiny" else 32,
+                   relative_attention_max_distance=16 if v.size == "tiny" else 128,
                    dropout_rate=v.dropout, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     return _hf(T5ForConditionalGeneration, cfg, v)
 
 
 def _t5_inputs(v, batch, g):
-    ids = torch.randint(2, VOCAB, (batch, v.length), generator=g)
-    labels = torch.randint(2, VOCAB, (batch, v.length // 2), generator=g)
+    ids = torch.randint(2, v.dims.vocab, (batch, v.length), generator=g)
+    labels = torch.randint(2, v.dims.vocab, (batch, v.length // 2), generator=g)
     return ids, _padding_mask(v, batch), labels
 
 
@@ -143,17 +185,19 @@ def _t5_loss(model, ids, mask, labels):
 
 def _bart(v):
     from transformers import BartConfig, BartForConditionalGeneration
-    cfg = BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
-                     vocab_size=VOCAB, dropout=v.dropout, attention_dropout=v.dropout, activation_dropout=v.dropout,
+    d = v.dims
+    cfg = BartConfig(d_model=d.hidden, encoder_layers=d.layers, decoder_layers=d.layers,
+                     encoder_attention_heads=2 * d.heads, decoder_attention_heads=2 * d.heads, encoder_ffn_dim=d.ffn,
+                     decoder_ffn_dim=d.ffn, max_position_embeddings=_positions(v), vocab_size=d.vocab, dropout=v.dropout, attention_dropout=v.dropout, activation_dropout=v.dropout,
                      pad_token_id=0, bos_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     return _hf(BartForConditionalGeneration, cfg, v)
 
 
 def _vit(v):
     from transformers import ViTConfig, ViTForImageClassification
-    cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=1,
-                    num_attention_heads=2, intermediate_size=64, num_labels=CLASSES,
+    d = v.dims
+    cfg = ViTConfig(image_size=v.length, patch_size=d.patch, num_channels=3, hidden_size=d.hidden,
+                    num_hidden_layers=d.layers, num_attention_heads=d.heads, intermediate_size=d.ffn, num_labels=CLASSES,
                     hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout)
     return _hf(ViTForImageClassification, cfg, v)
 
@@ -164,7 +208,7 @@ def _images(v, batch, g):
 
 def _vit_loss(model, images, labels):
     # other image sizes than the config's interpolate the position embeddings
-    logits = model(pixel_values=images, interpolate_pos_encoding=images.shape[-1] != 16).logits
+    logits = model(pixel_values=images, interpolate_pos_encoding=images.shape[-1] != model.config.image_size).logits
     return F.cross_entropy(logits, labels)
 
 
@@ -180,11 +224,11 @@ SPECS: dict[str, Spec] = {
     "t5": Spec(_t5, _t5_inputs, _t5_loss, adamw),
     # BART's decoder makes its own mask of ones on the inputs' device (lazy)
     "bart": Spec(_bart, _t5_inputs, _t5_loss, adamw),
-    "vit": Spec(_vit, _images, _vit_loss, adamw, lengths=(16, 24)),
-    "resnet": Spec(lambda v: ResNet(), _images, _cnn_loss, sgd_momentum, attns=(None,), dropouts=(0.0,),
-                   lengths=(32, 24)),
-    "mobilenet": Spec(lambda v: MobileNetV3Small(dropout=v.dropout), _images, _cnn_loss, sgd_momentum,
-                      attns=(None,), dropouts=(0.0, 0.2), lengths=(32, 24)),
+    "vit": Spec(_vit, _images, _vit_loss, adamw, lengths=(16, 24), base_length=64),
+    "resnet": Spec(lambda v: ResNet(widths=(8 * v.dims.cnn_width, 16 * v.dims.cnn_width)), _images, _cnn_loss,
+                   sgd_momentum, attns=(None,), dropouts=(0.0,), lengths=(32, 24), base_length=64),
+    "mobilenet": Spec(lambda v: MobileNetV3Small(dropout=v.dropout, width=v.dims.cnn_width), _images, _cnn_loss,
+                      sgd_momentum, attns=(None,), dropouts=(0.0, 0.2), lengths=(32, 24), base_length=64),
 }
 
 
@@ -197,7 +241,9 @@ def all_variants() -> list[Variant]:
 
 def base_variant(name: str, **changes) -> Variant:
     spec = SPECS[name]
-    fields = dict(model=name, attn=spec.attns[0], dropout=spec.dropouts[0], length=spec.lengths[0])
+    tiny = changes.get("size", "tiny") == "tiny"
+    fields = dict(model=name, attn=spec.attns[0], dropout=spec.dropouts[0],
+                  length=spec.lengths[0] if tiny else spec.base_length)
     return Variant(**{**fields, **changes})
 
 
@@ -207,10 +253,11 @@ def make_model(v: Variant, dtype=torch.float64, seed: int = 0) -> torch.nn.Modul
 
 
 def batches(v: Variant, steps: int, dtype=torch.float64, seed: int = 1) -> list[tuple]:
-    """``steps`` batches of BATCH, a ragged batch of 1, a batch of BATCH at
-    the other length."""
+    """``steps`` full batches (the size's batch), a ragged batch of 1, a
+    full batch at the other length."""
     g = torch.Generator().manual_seed(seed)
     inputs = SPECS[v.model].inputs
     other = dataclasses.replace(v, length=v.other_length)
-    out = [inputs(v, b, g) for b in [BATCH] * steps + [1]] + [inputs(other, BATCH, g)]
+    full = v.dims.batch
+    out = [inputs(v, b, g) for b in [full] * steps + [1]] + [inputs(other, full, g)]
     return [tuple(t.to(dtype) if t.is_floating_point() else t for t in batch) for batch in out]
