@@ -49,10 +49,13 @@ def _(a, b):
 
 _TRANSPOSES = (aten.t.default, aten.t_copy.default)
 # Products of fewer multiply-adds stay MKL's: oneDNN's cost per call made the
-# zoo's small models slower (HF BERT, linears of 32 x 64 x 64: the loss-captured
-# step 1.01 -> 1.31x torch.compile's), while GPT-mini's smallest forward linear
-# (1024 x 256 x 256, 2**26) was 6% faster.
-MIN_MULTIPLY_ADDS = 2 ** 26
+# zoo's tiny models slower (HF BERT, linears of 32 x 64 x 64: the loss-captured
+# step 1.01 -> 1.31x torch.compile's; alone, 2**18 took 2.3x MKL's time, 2**21
+# 1.3x, 2**23 0.9-1.04x), while from 2**25 it is faster: 520 x 256 x 256
+# 0.77-0.87x MKL's, and in-process A/B on the base-size zoo (ViT's, Llama's
+# key/value and T5's decoder projections) 0.984-0.988 of the step with those
+# on MKL.
+MIN_MULTIPLY_ADDS = 2 ** 25
 
 
 # The matmul primitive's floor, over a bmm's whole batch: GPT-mini's
