@@ -19,13 +19,16 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-from . import background, compilable, config, dump, fused_optimizer, group_compiler, lazy_kernels, metrics, module_ties
+# fused_optimizer and group_compiler import torch-mlir, sympy and Dynamo, and
+# zero MLIR's libraries (~1.3 s, ~120 MB): init() imports the first two and
+# zero is imported on first use, so that a process that only imports lazy_mlir
+# (an eager baseline, a script reading lazy_mlir.models) does not pay for them.
+from . import background, compilable, config, dump, lazy_kernels, metrics, module_ties
 from . import steady_state, step_errors
 from . import syncs, transformers_compat
 from . import _C
 from .steady_state import prepare
 from .capture import capture
-from . import zero  # noqa: F401 - lazy_mlir.zero without a second import, as the README shows
 
 __all__ = ["init", "prepare", "capture", "wait_for_compiles", "metrics", "config", "zero"]
 
@@ -37,6 +40,8 @@ def init(level: str = "O1", **options) -> config.Config:
     ``device="cuda"`` backs the lazy device with the GPU ("cuda" is the default
     when torch sees one); the first call fixes the device for the process.
     """
+    from . import fused_optimizer, group_compiler
+
     cfg = config.Config(level=level, **options)
     cfg.validate()
     if cfg.dump_dir:  # a bad directory is an error here, not a surprise at the first compile
@@ -64,6 +69,15 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_native_calls(cfg.native_calls)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg
+
+
+def __getattr__(name: str):
+    """``lazy_mlir.zero`` without a second import, as the README shows; imported
+    on first use (it loads torch.distributed and MLIR's libraries)."""
+    if name == "zero":
+        import importlib
+        return importlib.import_module(".zero", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def wait_for_compiles(timeout: float | None = None) -> bool:
