@@ -1,6 +1,7 @@
 """init(device=...): which device backs torch.device("lazy"). The TorchScript
 backend reads LTC_TS_CUDA once, when it is created, so a fresh process shows
 what init() set; in this process the device is already fixed (CPU here)."""
+import json
 import os
 import subprocess
 import sys
@@ -73,3 +74,23 @@ def test_init_cpu_clears_a_stray_switch_and_the_env_var_picks_the_default():
         print(torch._C._lazy._get_default_device_type(), "LTC_TS_CUDA" in os.environ, cfg.device)
         """, LTC_TS_CUDA="0", LAZY_MLIR_DEVICE="cpu")
     assert line == "CPU False cpu"
+
+
+def test_importing_lazy_mlir_leaves_the_compiler_to_init():
+    """A process that only imports lazy_mlir (an eager baseline reading
+    lazy_mlir.models, a script that never calls init()) loads no compiler:
+    torch-mlir's MLIR libraries, sympy and Dynamo come with init(), and
+    lazy_mlir.zero (torch.distributed's collectives, MLIR) on first use."""
+    heavy = ["torch_mlir.ir", "sympy", "torch._dynamo", "torch._inductor.compile_fx", "lazy_mlir.zero"]
+    out = run_fresh(f"""
+        import json, sys, lazy_mlir
+        from lazy_mlir.models import make_gpt
+        before = [m for m in {heavy!r} if m in sys.modules]
+        lazy_mlir.zero.initialize  # on first use
+        lazy_mlir.init()
+        after = [m for m in {heavy!r} if m in sys.modules]
+        print(json.dumps([before, after]))
+    """)
+    before, after = json.loads(out)
+    assert before == [], f"import lazy_mlir loaded {before}"
+    assert {"torch_mlir.ir", "torch._dynamo", "lazy_mlir.zero"} <= set(after), after
