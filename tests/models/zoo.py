@@ -188,7 +188,8 @@ def _bart(v):
     d = v.dims
     cfg = BartConfig(d_model=d.hidden, encoder_layers=d.layers, decoder_layers=d.layers,
                      encoder_attention_heads=2 * d.heads, decoder_attention_heads=2 * d.heads, encoder_ffn_dim=d.ffn,
-                     decoder_ffn_dim=d.ffn, max_position_embeddings=_positions(v), vocab_size=d.vocab, dropout=v.dropout, attention_dropout=v.dropout, activation_dropout=v.dropout,
+                     decoder_ffn_dim=d.ffn, max_position_embeddings=_positions(v), vocab_size=d.vocab,
+                     dropout=v.dropout, attention_dropout=v.dropout, activation_dropout=v.dropout,
                      pad_token_id=0, bos_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     return _hf(BartForConditionalGeneration, cfg, v)
 
@@ -197,7 +198,8 @@ def _vit(v):
     from transformers import ViTConfig, ViTForImageClassification
     d = v.dims
     cfg = ViTConfig(image_size=v.length, patch_size=d.patch, num_channels=3, hidden_size=d.hidden,
-                    num_hidden_layers=d.layers, num_attention_heads=d.heads, intermediate_size=d.ffn, num_labels=CLASSES,
+                    num_hidden_layers=d.layers, num_attention_heads=d.heads, intermediate_size=d.ffn,
+                    num_labels=CLASSES,
                     hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout)
     return _hf(ViTForImageClassification, cfg, v)
 
