@@ -203,8 +203,8 @@ def main():
            "all rows of a model in one process taking turns step by step" if args.block == 1 else
            f"all rows of a model in one process taking turns every {args.block} steps, the first of each turn "
            f"not timed")
-    print(f"\nZoo training steps (fp32, {args.size} models) on {backing_device()}, {args.steps} timed steps after {args.warmup} "
-          f"warm-up (median), median of {args.rounds} interleaved round(s), {how}")
+    print(f"\nZoo training steps (fp32, {args.size} models) on {backing_device()}, {args.steps} timed steps after "
+          f"{args.warmup} warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
     print(f"{'model':<10}{'variant':<{W}}{'ms/step':>9}{RATIO_COLUMNS}{'/c.l+opt':>9}{'first s':>9}"
           f"{'exec/step':>10}{'fallb/step':>11}{detail}{'loss':>9}")
