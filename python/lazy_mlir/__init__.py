@@ -20,9 +20,10 @@ import torch._lazy
 import torch._lazy.ts_backend
 
 # fused_optimizer and group_compiler import torch-mlir, sympy and Dynamo, and
-# zero MLIR's libraries (~1.3 s, ~120 MB): init() imports the first two and
-# zero is imported on first use, so that a process that only imports lazy_mlir
-# (an eager baseline, a script reading lazy_mlir.models) does not pay for them.
+# lazy_mlir.zero loads MLIR's libraries (~1.3 s, ~120 MB in all): init()
+# imports the first two and zero loads on first use, so that a process that
+# only imports lazy_mlir (an eager baseline, a script reading
+# lazy_mlir.models) does not pay for them.
 from . import background, compilable, config, dump, lazy_kernels, metrics, module_ties
 from . import steady_state, step_errors
 from . import syncs, transformers_compat
