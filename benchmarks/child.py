@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
 
 
-def run_child(script: str, args: list[str]) -> dict:
-    """``script args`` in a fresh process: its JSON result, or {"failed": reason}
-    when it exited non-zero (the reason: its last line on stderr)."""
+def run_child(script: str, args: list[str], env: dict | None = None) -> dict:
+    """``script args`` in a fresh process (``env`` added to ours): its JSON
+    result, or {"failed": reason} when it exited non-zero (the reason: its
+    last line on stderr)."""
     tail: collections.deque[str] = collections.deque(maxlen=1)
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen([sys.executable, script, *args], stdout=out, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, script, *args], stdout=out, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
         for line in proc.stderr:
             sys.stderr.write(line)
             if line.strip():

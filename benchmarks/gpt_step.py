@@ -32,6 +32,7 @@ import json
 import resource
 import statistics
 import sys
+import tempfile
 import time
 
 from child import exit_if_failed, pick_round, run_child
@@ -97,6 +98,7 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
     for i, (x, y) in enumerate(gpt_batches(cfg, warmup + steps)):
         if split:
             if i == warmup:
+                warm_up = metrics.snapshot()
                 metrics.reset()
             split.begin()
         start = time.perf_counter()
@@ -120,6 +122,8 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
             "executions_per_step": s["graph_executions"] / steps,
             "fallbacks_per_step": s["fallback_count"] / steps,
             "split_ms": split.medians_ms(warmup),
+            # cold: groups compiled in this process (its RSS holds the compiler); warm: all from the cache
+            "cache": "cold" if warm_up["group_cache_misses"] else "warm",
         })
         why = not_compiled(s, LAZY_MLIR_ROWS[variant][0]) or (
             not_captured(s, steps) if variant in CAPTURED_ROWS else None)
@@ -190,10 +194,16 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
     _print_loss_diffs(ok)
 
 
-def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
-    """The variant's result from a fresh process; {"failed": why} if it failed."""
-    return run_child(__file__, ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
-                                "--init-options", json.dumps(init_options or {})])
+def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None,
+                      cold: bool = False) -> dict:
+    """The variant's result from a fresh process; {"failed": why} if it failed.
+    ``cold``: a lazy_mlir row gets an empty compile cache folder of its own."""
+    args = ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
+            "--init-options", json.dumps(init_options or {})]
+    if not cold:
+        return run_child(__file__, args)
+    with tempfile.TemporaryDirectory(prefix="lazy_mlir_cold_cache_") as cache_dir:
+        return run_child(__file__, args, {"LAZY_MLIR_CACHE_DIR": cache_dir})
 
 
 def main():
@@ -206,6 +216,9 @@ def main():
     parser.add_argument("--paired", action="store_true",
                         help="time the rows in one process, step by step in turn (default rows: "
                              f"{PAIRED_DEFAULT})")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="each lazy_mlir row compiles its groups in its own process (an empty compile cache); "
+                             "by default rows load what the cache holds")
     parser.add_argument("--json", default="gpt_step.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--init-options", default="{}", help="JSON dict for lazy_mlir.init()")
@@ -232,24 +245,28 @@ def main():
             print(f"round {round_ + 1}: running {variant} ...", file=sys.stderr, flush=True)
             # The stock TS backend takes seconds per step (eager fallbacks): fewer steps.
             steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
-            runs.setdefault(variant, []).append(run_in_subprocess(variant, steps, warmup, json.loads(args.init_options)))
+            runs.setdefault(variant, []).append(run_in_subprocess(variant, steps, warmup, json.loads(args.init_options),
+                                                                  args.cold_cache))
     results = {v: pick_round(rs) for v, rs in runs.items()}
     failed = {v: r["failed"] for v, r in results.items() if "failed" in r}
 
     ok = {v: r for v, r in results.items() if v not in failed}
     print(f"\nGPT-mini step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved round(s)")
-    print(f"{RATIO_HEADER}{'compile s':>10}{'RSS MB':>8}{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
+    print(f"{RATIO_HEADER}{'compile s':>10}{'RSS MB':>8}{'cache':>6}{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
     for v, r in results.items():
         if v in failed:
             print(f"{v:<{NAME}}  FAILED: {failed[v]}")
             continue
         print(f"{v:<{NAME}}{_ratio_cells(r['ms_per_step'], ok)}"
-              f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('executions_per_step', float('nan')):>10.2f}"
+              f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('cache', '-'):>6}"
+              f"{r.get('executions_per_step', float('nan')):>10.2f}"
               f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
               f"{r['final_loss']:>9.4f}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
           "torch.compile(optimizer.step); split columns (ms, medians): see benchmarks/lazy_step.py")
+    print("  cache: cold, the row compiled its groups (its peak RSS holds torch-mlir and Inductor's compiler); "
+          "warm, it loaded them from lazy_mlir's compile cache as native code (--cold-cache: always cold)")
     if "ts_lazy" in ok:
         print("  ts_lazy: the stock torch._lazy TorchScript backend, q/k/v sliced (its split returns CPU "
               f"tensors), {ok['ts_lazy']['steps']} timed steps")

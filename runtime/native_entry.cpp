@@ -40,9 +40,12 @@ NativeEntry::NativeEntry(const std::string& library, std::vector<int64_t> argume
     TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(seen.size()), "lazy_mlir: scalar input ", k);
     scalars_.push_back({k, seen[k], seen[k]._version()});
   }
-  // Last, as nothing after it throws. The library is loaded (Python imported it): this takes another reference.
-  library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  TORCH_CHECK(library_ != nullptr, "lazy_mlir: ", library, " is not loaded: ", dlerror());
+  // Last, as nothing after it throws. Python may have imported the library
+  // (a probed group: this takes another reference) or not (code loaded from
+  // the compile cache, compile_cache.native_plan). RTLD_LOCAL: every group's
+  // library exports the same entry symbol.
+  library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(library_ != nullptr, "lazy_mlir: cannot load ", library, ": ", dlerror());
   entry_ = reinterpret_cast<Entry>(dlsym(library_, kEntrySymbol));
   if (entry_ == nullptr) {
     dlclose(library_);  // the destructor does not run for a constructor that throws
@@ -115,6 +118,14 @@ void bindNativeEntry(pybind11::module& m) {
                                                    seen, scalars));
           },
           "Calls from C++ the code of `library` (see runtime/native_entry.h).")
+      .def(
+          "call",
+          [](const NativeEntrySlot& slot, const std::vector<at::Tensor>& inputs) {
+            std::shared_ptr<NativeEntry> entry = slot.get();
+            TORCH_CHECK(entry != nullptr && entry->admits(inputs), "lazy_mlir: the native entry does not take these inputs");
+            return entry->call(inputs);
+          },
+          "Runs the entry from Python (a group's first run of code loaded from the cache).")
       .def("clear", &NativeEntrySlot::clear)
       .def_property_readonly("active", [](const NativeEntrySlot& slot) { return slot.get() != nullptr; });
 }

@@ -13,7 +13,7 @@ import torch
 
 import lazy_mlir
 from lazy_mlir import compilable, compile_cache, config, group_compiler, group_key, metrics
-from lazy_mlir.disk_cache import LOCK_SUFFIX, SUFFIX, CorruptEntry, DiskCache, decode, encode
+from lazy_mlir.disk_cache import LIBRARY_SUFFIX, LOCK_SUFFIX, SUFFIX, CorruptEntry, DiskCache, decode, encode
 from helpers import LAZY
 
 
@@ -202,6 +202,20 @@ def test_folder_size_is_bounded_least_recently_used_first(tmp_path):
     assert cache.read("k1") is None  # the least recently used went first
     assert all(cache.read(k) is not None for k in ("k0", "k2", "k3"))
     assert cache.size() <= cache.max_bytes
+
+
+def test_libraries_are_written_once_and_bounded_with_the_entries(tmp_path):
+    """compile_cache writes a native library out of its entry to load it:
+    once per content, and trimmed with the entries, least recently used first."""
+    cache = DiskCache(str(tmp_path), max_bytes=3 * 1100)
+    path = cache.library("a" * 64, b"\1" * 1000)
+    assert path == str(tmp_path / ("a" * 64 + LIBRARY_SUFFIX)) and open(path, "rb").read() == b"\1" * 1000
+    os.utime(path, (1000, 1000))
+    assert cache.library("a" * 64, b"\1" * 1000) == path and os.path.getmtime(path) > 1000  # reused, touched
+    os.utime(path, (1000, 1000))
+    for i in range(3):
+        cache.write(f"k{i}", bytes([i]) * 1000)
+    assert not os.path.exists(path) and cache.size() <= cache.max_bytes
 
 
 def test_stale_temporary_files_are_removed(tmp_path):

@@ -7,6 +7,10 @@ groups ran generated code (not TorchScript), that this code is the C++
 wrapper's (the dumped module loads it through CppWrapperCodeCache) and
 that every run after a group's first called it from C++.
 """
+import json
+import os
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -145,8 +149,74 @@ def test_a_library_without_the_entry_is_refused():
     warning (the code then runs through Python)."""
     from lazy_mlir import _C
     slot = _C.NativeEntrySlot()
-    with pytest.raises(RuntimeError, match="is not loaded"):
+    with pytest.raises(RuntimeError, match="cannot load"):
         slot.set("/nonexistent/entry.so", [0], 1, [0], [torch.ones(2)], [])
     with pytest.raises(RuntimeError, match="has no"):
         slot.set(_C.__file__, [0], 1, [0], [torch.ones(2)], [])  # loaded, but no inductor_entry_impl
     assert not slot.active
+
+
+CACHED_CHILD = """
+import copy, json, sys, torch, lazy_mlir
+from lazy_mlir import metrics
+lazy_mlir.init("O1", cpp_wrapper=True, progress=False)
+torch.manual_seed(0)
+eager = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 3)).double()
+lazy = copy.deepcopy(eager).to("lazy")
+batches = [(torch.randn(16, 12, dtype=torch.float64), torch.randint(0, 3, (16,))) for _ in range(4)]
+losses = {"eager": [], "lazy": []}
+for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == "lazy":
+            torch._lazy.mark_step()
+        losses[name].append(loss.item())
+compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx", "mlir_passes.pipeline")
+            if m in sys.modules]
+print(json.dumps({"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}, default=str))
+"""
+
+
+def _cached_child(cache_dir, **env) -> dict:
+    result = subprocess.run([sys.executable, "-c", CACHED_CHILD], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(cache_dir), "LAZY_MLIR_CPP_WRAPPER": "1",
+                                 **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(out["losses"]["lazy"], out["losses"]["eager"], rtol=1e-12, atol=1e-12)
+    s = out["metrics"]
+    assert s["fallback_count"] == 0 and s["groups_fallen_back"] == {}, s
+    assert s["compiled_group_calls"] >= 4, s
+    return out
+
+
+def test_code_from_the_cache_runs_natively_without_the_compiler(tmp_path):
+    """The first process compiles the step and stores, with each group, the
+    library C++ calls (compile_cache.store_native); the next one loads the
+    groups from the cache and calls that library from its first run: it
+    never imports torch-mlir, the lowering or Inductor's compiler (the
+    memory a training process saves: README "Peak memory")."""
+    cold = _cached_child(tmp_path)
+    assert cold["metrics"]["group_cache_misses"] >= 1 and "lazy_mlir.group_lowering" in cold["compiler"]
+    warm = _cached_child(tmp_path)
+    assert any(name.endswith(".so") for name in os.listdir(tmp_path))  # the libraries, written out to be loaded
+    s = warm["metrics"]
+    assert s["group_cache_misses"] == 0 and s["group_cache_native_loads"] == s["group_cache_disk_hits"] >= 1, s
+    assert warm["compiler"] == [], f"a process running cached code loaded {warm['compiler']}"
+    # every run from C++ but each group's first, which Python hands to the library
+    assert s["native_group_calls"] == s["compiled_group_calls"] - s["group_cache_native_loads"], s
+    assert warm["losses"] == cold["losses"]
+
+
+def test_code_from_the_cache_without_native_calls_loads_inductors_artefact(tmp_path):
+    """With Config.native_calls off, a group loaded as a library runs
+    through Python: Inductor's artefact is loaded at its first run."""
+    _cached_child(tmp_path)
+    out = _cached_child(tmp_path, LAZY_MLIR_NATIVE_CALLS="0")
+    s = out["metrics"]
+    assert s["group_cache_misses"] == 0 and s["native_group_calls"] == 0, s
+    assert "lazy_mlir.group_lowering" in out["compiler"]

@@ -32,6 +32,15 @@ def test_cuda_without_a_gpu_is_a_clear_error(lazy_level):
     assert config.current is before
 
 
+def test_an_unknown_pass_is_refused_at_init(lazy_level):
+    """The pipeline is checked at init() (its flags against the package's
+    modules), not at the first compile."""
+    before = config.current
+    with pytest.raises(Exception, match="unknown pass 'nope'; known passes: canonicalize, cse"):
+        lazy_mlir.init(pipeline="cse,nope")
+    assert config.current is before
+
+
 def test_unknown_device_is_refused(lazy_level):
     with pytest.raises(ValueError, match=r"device must be one of \('cpu', 'cuda'\), got 'tpu'"):
         lazy_mlir.init(device="tpu")
@@ -76,21 +85,31 @@ def test_init_cpu_clears_a_stray_switch_and_the_env_var_picks_the_default():
     assert line == "CPU False cpu"
 
 
-def test_importing_lazy_mlir_leaves_the_compiler_to_init():
+def test_importing_lazy_mlir_leaves_the_compiler_to_the_first_compile():
     """A process that only imports lazy_mlir (an eager baseline reading
-    lazy_mlir.models, a script that never calls init()) loads no compiler:
-    torch-mlir's MLIR libraries, sympy and Dynamo come with init(), and
+    lazy_mlir.models, a script that never calls init()) loads no compiler,
+    and init() none either: torch-mlir's MLIR libraries, the lowering and
+    Inductor's compiler come with the first group compiled (a process whose
+    groups all come from the cache never loads them: test_cpp_wrapper), and
     lazy_mlir.zero (torch.distributed's collectives, MLIR) on first use."""
-    heavy = ["torch_mlir.ir", "sympy", "torch._dynamo", "torch._inductor.compile_fx", "lazy_mlir.zero"]
+    heavy = ["torch_mlir.ir", "sympy", "torch._dynamo", "torch._inductor.compile_fx", "lazy_mlir.group_lowering",
+             "mlir_passes.pipeline", "lazy_mlir.zero"]
     out = run_fresh(f"""
-        import json, sys, lazy_mlir
+        import json, sys, torch, lazy_mlir
         from lazy_mlir.models import make_gpt
-        before = [m for m in {heavy!r} if m in sys.modules]
-        lazy_mlir.zero.initialize  # on first use
+        loaded = lambda: [m for m in {heavy!r} if m in sys.modules]
+        before = loaded()
         lazy_mlir.init()
-        after = [m for m in {heavy!r} if m in sys.modules]
-        print(json.dumps([before, after]))
-    """)
-    before, after = json.loads(out)
+        after_init = loaded()
+        y = (torch.ones(3, 5).to("lazy") * 2).sum(0)
+        torch._lazy.mark_step()
+        y.cpu()
+        after_compile = loaded()
+        lazy_mlir.zero.initialize  # on first use
+        print(json.dumps([before, after_init, after_compile, loaded()]))
+    """, LAZY_MLIR_CACHE="0")
+    before, after_init, after_compile, after_zero = json.loads(out)
     assert before == [], f"import lazy_mlir loaded {before}"
-    assert {"torch_mlir.ir", "torch._dynamo", "lazy_mlir.zero"} <= set(after), after
+    assert after_init == [], f"init() loaded {after_init}"
+    assert {"torch_mlir.ir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx"} <= set(after_compile)
+    assert "lazy_mlir.zero" in after_zero

@@ -23,9 +23,9 @@ import warnings
 
 import torch
 
-from . import config, metrics
+from . import config, metrics, native_call
 from .disk_cache import DiskCache
-from .group_lowering import LoweredGroup, load_group
+from .lowered_group import LoweredGroup
 
 _entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
 _failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
@@ -109,8 +109,15 @@ def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> L
         entry = read_entry(disk, key)
     if entry is None:
         return None
+    native = _native_plan(disk, key)
+    if native is not None:
+        return LoweredGroup(_LoadedOnFirstCall(disk, key, name), entry["guards"], entry["collective_bytes"],
+                            native=native, disk_key=key)
     try:
-        return load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name)
+        from .group_lowering import load_group
+        lowered = load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name)
+        lowered.disk_key = key
+        return lowered
     except Exception as exc:  # noqa: BLE001 - a stale or broken entry: compile instead
         disk.discard(key, f"cannot be loaded: {type(exc).__name__}: {exc}")
         return None
@@ -126,13 +133,68 @@ def store(key: str, lowered: LoweredGroup, cfg: config.Config) -> None:
     entry = {"key": key, "guarded_inputs": positions, "guards": lowered.guards,
              "collective_bytes": lowered.collective_bytes, "artifacts": artifacts}
     try:
+        variant = key
         if positions:
             variant = _variant_key(key, tuple(v for _, v in lowered.guards))
             disk.write(variant, pickle.dumps({**entry, "key": variant}))
             entry = {"key": key, "guarded_inputs": positions}
-        disk.write(key, pickle.dumps(entry))
+        if disk.write(key, pickle.dumps(entry)):
+            lowered.disk_key = variant
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         warnings.warn(f"lazy_mlir: cannot store a compiled group in the cache ({exc})", RuntimeWarning, stacklevel=2)
+
+
+def _native_key(key: str) -> str:
+    return hashlib.sha256(f"native|{key}".encode()).hexdigest()
+
+
+def store_native(lowered: LoweredGroup, plan: native_call.Plan, cfg: config.Config) -> None:
+    """Adds to a stored variant its code as the library C++ calls (the plan
+    its first run's probe found) and the library's bytes: a later process
+    calls that code without loading Inductor, MLIR or sympy."""
+    disk = disk_of(cfg)
+    if disk is None or lowered.disk_key is None:
+        return
+    try:
+        with open(plan.library, "rb") as f:
+            library = f.read()
+    except OSError:
+        return  # Inductor's cache was emptied meanwhile: later processes load the artefact
+    key = _native_key(lowered.disk_key)
+    disk.write(key, pickle.dumps({"key": key, "arguments": plan.arguments, "num_results": plan.num_results,
+                                  "outputs": plan.outputs, "library": library}))
+
+
+def _native_plan(disk: DiskCache, key: str) -> native_call.Plan | None:
+    """The stored variant's native plan, its library written out as a file."""
+    entry = read_entry(disk, _native_key(key))
+    if entry is None:
+        return None
+    path = disk.library(hashlib.sha256(entry["library"]).hexdigest(), entry["library"])
+    if path is None:
+        return None
+    metrics.count_cache("native_load")
+    return native_call.Plan(path, entry["arguments"], entry["num_results"], entry["outputs"])
+
+
+class _LoadedOnFirstCall:
+    """The Python way into a variant loaded as a native library, for the
+    runs C++ does not take (native_call: a scalar input that is another
+    tensor now): loads Inductor's artefact when first needed."""
+
+    def __init__(self, disk: DiskCache, key: str, name: str):
+        self.disk, self.key, self.name = disk, key, name
+        self.run = None
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.run is None:
+            entry = read_entry(self.disk, self.key)
+            if entry is None:
+                raise RuntimeError(f"the compile cache's entry of {self.name} is gone")
+            from .group_lowering import load_group
+            self.run = load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs,
+                                  self.name).run
+        return self.run(inputs)
 
 
 def _failure_key(key: str) -> str:

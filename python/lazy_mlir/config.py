@@ -122,7 +122,7 @@ class Config:
         source, so editing a pass also changes the key."""
         import mlir_passes
         fields = dataclasses.asdict(self)
-        fields["pipeline"] = mlir_passes.pipeline_id(self.pipeline)
+        fields["pipeline"] = mlir_passes.light_pipeline_id(self.pipeline) or mlir_passes.pipeline_id(self.pipeline)
         return ";".join(f"{k}={v}" for k, v in sorted(fields.items()) if k not in self._NOT_IN_KEY)
 
     def __post_init__(self):
@@ -153,7 +153,8 @@ class Config:
         if self.cache_max_mb <= 0:
             raise ValueError(f"lazy_mlir: cache_max_mb must be positive, got {self.cache_max_mb!r}")
         import mlir_passes
-        mlir_passes.parse_pipeline(self.pipeline)  # unknown passes fail here, not at first compile
+        if mlir_passes.light_pipeline_id(self.pipeline) is None:  # else every flag names a pass module
+            mlir_passes.parse_pipeline(self.pipeline)  # unknown passes fail here, not at first compile
 
     def logs(self, topic: str) -> bool:
         return topic in {t.strip() for t in self.log.split(",")}

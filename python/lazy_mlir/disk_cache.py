@@ -31,6 +31,7 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIQ32s")  # magic, format version, payload length, sha256
 SUFFIX = ".entry"
 LOCK_SUFFIX = ".lock"
+LIBRARY_SUFFIX = ".so"  # a native library (compile_cache.store_native)
 # A temporary file this old belongs to a writer that died (a lock file this
 # old is no longer held: no compile takes an hour).
 _STALE_TEMP_SECONDS = 3600
@@ -156,6 +157,29 @@ class DiskCache:
         self.trim()
         return True
 
+    def library(self, digest: str, data: bytes) -> str | None:
+        """The path of a shared library holding ``data`` (named by its
+        ``digest``), written into the folder unless there already; counted
+        and trimmed like the entries. None when it cannot be written."""
+        path = os.path.join(self.directory, digest + LIBRARY_SUFFIX)
+        try:
+            if os.path.getsize(path) == len(data):
+                os.utime(path)
+                return path
+        except OSError:
+            pass  # not there yet
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{digest[:16]}.", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(temp, path)  # a process that loaded the old file keeps its mapping
+        except OSError as exc:
+            warnings.warn(f"lazy_mlir: cannot write a library into {self.directory} ({exc})",
+                          RuntimeWarning, stacklevel=2)
+            return None
+        return path
+
     def trim(self) -> None:
         """Removes least recently used entries until the folder fits its limit,
         and temporary files left by writers that died."""
@@ -169,7 +193,7 @@ class DiskCache:
                         continue  # removed meanwhile
                     if e.name.endswith((".tmp", LOCK_SUFFIX)) and now - st.st_mtime > _STALE_TEMP_SECONDS:
                         _remove_quietly(e.path)
-                    elif e.name.endswith(SUFFIX):
+                    elif e.name.endswith((SUFFIX, LIBRARY_SUFFIX)):
                         entries.append((st.st_mtime, st.st_size, e.path))
                         total += st.st_size
         except OSError:
@@ -185,7 +209,7 @@ class DiskCache:
         try:
             with os.scandir(self.directory) as it:
                 for e in it:
-                    if e.name.endswith(SUFFIX):
+                    if e.name.endswith((SUFFIX, LIBRARY_SUFFIX)):
                         try:
                             total += e.stat().st_size
                         except OSError:

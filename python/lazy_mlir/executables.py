@@ -20,7 +20,12 @@ from torch._C._dynamo.guards import TensorGuards
 
 from . import (_C, background, compile_cache, config, cuda_graphs, group_key, metrics, native_call, parallel_compile,
                recompiles, shape_generic, syncs)
-from .group_lowering import adopt_code, generate_code, lower_group, prepare_group
+from .lowered_group import lowering_function
+
+lower_group = lowering_function("lower_group")
+prepare_group = lowering_function("prepare_group")
+generate_code = lowering_function("generate_code")
+adopt_code = lowering_function("adopt_code")
 
 
 class TorchScriptExecutable:
@@ -327,20 +332,31 @@ class GroupExecutable:
                     return self._graphed(inputs)
         if not self._probe_next:
             return self.lowered.run(inputs)
+        self._probe_next = False
+        plan = self.lowered.native if self.cfg.native_calls else None
+        if plan is not None:  # read from the cache as a library: called as one, Inductor never loaded
+            return self.native.call(inputs) if self._offer_native(plan, inputs) else self.lowered.run(inputs)
         # The code's first run: it also tells whether C++ may call the code
         # itself from the next run on (native_call), for inputs like these.
-        self._probe_next = False
         outputs, plan = native_call.probe(self.lowered.run, inputs)
-        if plan is not None:
-            try:
-                # C++ checks the scalars' tensors as ScalarGuards does: the
-                # very tensors seen now, unchanged
-                self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, inputs,
-                                [i for i, _ in self.lowered.guards])
-            except RuntimeError as exc:  # a library unlike what native_entry.h expects: Python calls it
-                warnings.warn(f"lazy_mlir: {self.name}'s code is called through Python: {exc}", RuntimeWarning,
-                              stacklevel=2)
+        if plan is not None and self._offer_native(plan, inputs):
+            self.lowered.native = plan
+            compile_cache.store_native(self.lowered, plan, self.cfg)
         return outputs
+
+    def _offer_native(self, plan: native_call.Plan, inputs) -> bool:
+        """Offers the code to the C++ CompiledGroup, for inputs like these;
+        False (a warning) when the library is not what native_entry.h expects."""
+        try:
+            # C++ checks the scalars' tensors as ScalarGuards does: the
+            # very tensors seen now, unchanged
+            self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, inputs,
+                            [i for i, _ in self.lowered.guards])
+        except RuntimeError as exc:  # Python calls it
+            warnings.warn(f"lazy_mlir: {self.name}'s code is called through Python: {exc}", RuntimeWarning,
+                          stacklevel=3)
+            return False
+        return True
 
     def _use(self, lowered):
         compiled = lowered is not None and not isinstance(lowered, _Compiling)

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from .lowering.ts_to_fx import is_size_constant
+from .lowering.size_constants import is_size_constant
 
 # Debug metadata that does not change what a node computes.
 _IGNORED_ATTRIBUTES = frozenset({"source"})

@@ -18,7 +18,6 @@ import dataclasses
 import struct
 import time
 import warnings
-from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -30,20 +29,9 @@ from torch_mlir import ir
 
 from . import config, donation, dump, metrics, portable_graph
 from .codegen import inductor, onednn_linear
+from .lowered_group import LoweredGroup
 from .lowering import export_graph, import_graph
 from .lowering.ts_to_fx import ts_graph_to_fx
-
-
-@dataclasses.dataclass
-class LoweredGroup:
-    run: Callable[[list], list]       # list[Tensor] -> list[Tensor]
-    guards: list[tuple[int, object]]  # (input index, value) baked into the code
-    # Bytes each run moves through collectives, by kind ("all_gather": ...).
-    collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
-    # For the persistent cache: {"graph": the exported GraphModule (portable_graph),
-    # "inductor": artefact bytes or None}; None when it cannot be stored
-    # (mlir-llvm code). compile_cache drops them once written.
-    artifacts: dict | None = None
 
 
 class _Stage:

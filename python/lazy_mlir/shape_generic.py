@@ -26,20 +26,27 @@ compiling, at the cost of loading the artefact when a variant first serves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import operator
 import pickle
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import compile_cache, config, group_key, metrics, syncs
-from .group_lowering import LoweredGroup, fake_inputs_of, load_group, lower_group
-from .lowering.ts_to_fx import size_constants
+from .lowered_group import LoweredGroup, lowering_function
+from .lowering.size_constants import size_constants
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+lower_group = lowering_function("lower_group")
+load_group = lowering_function("load_group")
+fake_inputs_of = lowering_function("fake_inputs_of")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,10 +162,15 @@ class GenericGroup:
             return False
         if not all(compile_cache.same_scalar(inputs[i].item(), v) for i, v in self.guards):
             return False  # a scalar baked into the code
-        return self.guard_code is None or _GUARDS.evaluate_guards_expression(self.guard_code, inputs)
+        return self.guard_code is None or _guard_evaluator().evaluate_guards_expression(self.guard_code, inputs)
 
 
-_GUARDS = ShapeEnv()  # evaluates guard code; it keeps no state of its own
+@functools.cache
+def _guard_evaluator():
+    """A ShapeEnv to evaluate guard code (it keeps no state of its own);
+    made on first use, as it imports sympy."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    return ShapeEnv()
 
 
 def _instantiate(generic, shapes):

@@ -51,6 +51,18 @@ def test_pipeline_ids_follow_passes_options_and_order():
     assert mlir_passes.pipeline_id("cse,canonicalize") != mlir_passes.pipeline_id("canonicalize,cse")
 
 
+def test_light_ids_read_the_package_without_mlir():
+    """Config.key() takes the light id, read from the package's files, so
+    that a process running cached code never imports MLIR; a spec with
+    options or a flag no module is named after gets None (the full id)."""
+    assert mlir_passes.light_pipeline_id("cse,canonicalize") == mlir_passes.light_pipeline_id(" cse , canonicalize ")
+    assert mlir_passes.light_pipeline_id("cse,canonicalize") != mlir_passes.light_pipeline_id("canonicalize,cse")
+    for flag in mlir_passes.available_passes():
+        assert mlir_passes.light_pipeline_id(flag) is not None, flag
+    for spec in ("canonicalize{max-iterations=3}", "nope", "base", "pipeline", "torch-ir", "cse,,cse"):
+        assert mlir_passes.light_pipeline_id(spec) is None, spec
+
+
 def test_options_are_typed_fields():
     (canonicalize,) = mlir_passes.parse_pipeline("canonicalize{max-iterations=3 top-down=false}")
     assert (canonicalize.max_iterations, canonicalize.top_down) == (3, False)
