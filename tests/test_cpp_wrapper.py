@@ -194,14 +194,18 @@ def _cached_child(cache_dir, **env) -> dict:
     return out
 
 
-def test_code_from_the_cache_runs_natively_without_the_compiler(tmp_path):
-    """The first process compiles the step and stores, with each group, the
-    library C++ calls (compile_cache.store_native); the next one loads the
-    groups from the cache and calls that library from its first run: it
-    never imports torch-mlir, the lowering or Inductor's compiler (the
-    memory a training process saves: README "Peak memory")."""
+def test_isolated_compile_keeps_the_compiler_out_of_the_training_process(tmp_path):
+    """Config.isolated_compile (the default): the first process compiles its
+    groups in a worker and calls the libraries from C++; it never imports
+    torch-mlir, the lowering or Inductor's compiler. The next process loads
+    the groups from the cache (compile_cache.store_native), also without them
+    (the memory a training process saves: README "Peak memory")."""
     cold = _cached_child(tmp_path)
-    assert cold["metrics"]["group_cache_misses"] >= 1 and "lazy_mlir.group_lowering" in cold["compiler"]
+    s = cold["metrics"]
+    assert s["group_cache_misses"] >= 1 and s["stage_runs"].get("isolated_compile", 0) == s["group_cache_misses"], s
+    assert s["isolated_compile_failures"] == 0, s
+    assert cold["compiler"] == [], f"a process whose groups compiled in a worker loaded {cold['compiler']}"
+    assert s["native_group_calls"] == s["compiled_group_calls"] - s["group_cache_misses"], s
     warm = _cached_child(tmp_path)
     assert any(name.endswith(".so") for name in os.listdir(tmp_path))  # the libraries, written out to be loaded
     s = warm["metrics"]
@@ -212,6 +216,17 @@ def test_code_from_the_cache_runs_natively_without_the_compiler(tmp_path):
     assert warm["losses"] == cold["losses"]
 
 
+def test_code_probed_here_is_stored_for_the_next_process(tmp_path):
+    """Compiled in the training process (isolated_compile off), a group's
+    first run probes its code, and the plan goes to the cache with it."""
+    cold = _cached_child(tmp_path, LAZY_MLIR_ISOLATED_COMPILE="0")
+    assert cold["metrics"]["group_cache_misses"] >= 1 and "lazy_mlir.group_lowering" in cold["compiler"]
+    warm = _cached_child(tmp_path)
+    s = warm["metrics"]
+    assert s["group_cache_misses"] == 0 and s["group_cache_native_loads"] == s["group_cache_disk_hits"] >= 1, s
+    assert warm["compiler"] == [] and warm["losses"] == cold["losses"]
+
+
 def test_code_from_the_cache_without_native_calls_loads_inductors_artefact(tmp_path):
     """With Config.native_calls off, a group loaded as a library runs
     through Python: Inductor's artefact is loaded at its first run."""
@@ -220,3 +235,40 @@ def test_code_from_the_cache_without_native_calls_loads_inductors_artefact(tmp_p
     s = out["metrics"]
     assert s["group_cache_misses"] == 0 and s["native_group_calls"] == 0, s
     assert "lazy_mlir.group_lowering" in out["compiler"]
+
+
+def test_a_graph_travels_to_the_worker_with_its_constants_exact():
+    """The IR text rounds floats and prints bool lists as ints and tensor
+    constants as nothing: isolated_compile sends those values beside it."""
+    from lazy_mlir import group_key, isolated_compile
+    graph = torch._C.Graph()
+    x = graph.addInput()
+    x.setType(torch._C.TensorType.create_from_tensor(torch.ones(2)))
+    constants = [graph.insertConstant(v) for v in ([True, False], torch.tensor([0.1, -2.5e-7]), 0.1, [3, 1])]
+    node = graph.create("prim::TupleConstruct", [x, *constants])
+    graph.insertNode(node)
+    graph.registerOutput(node.output())
+    rebuilt = isolated_compile.graph_from_message(isolated_compile.graph_message(graph))
+    assert group_key.structure(rebuilt) == group_key.structure(graph)
+    values = [n.output().toIValue() for n in rebuilt.nodes() if n.kind() == "prim::Constant"]
+    assert values[0] == [True, False] and values[1].equal(torch.tensor([0.1, -2.5e-7])) and values[3] == [3, 1]
+
+
+def test_a_group_the_worker_fails_compiles_here(monkeypatch):
+    """Whatever the worker cannot do (here: IR it cannot parse) the training
+    process compiles itself: the group still runs generated code."""
+    from lazy_mlir import isolated_compile
+    real = isolated_compile.graph_message
+    monkeypatch.setattr(isolated_compile, "graph_message", lambda graph: {**real(graph), "ir": "not IR"})
+    lazy_mlir.init("O1", cpp_wrapper=True, cache=False)
+    metrics.reset()
+    try:
+        x = torch.linspace(-3, 3, 43 * 5).reshape(5, 43)
+        y = (x.to(LAZY).sin() * 3).sum(1)
+        torch._lazy.mark_step()
+        torch.testing.assert_close(y.cpu(), (x.sin() * 3).sum(1))
+        s = metrics.snapshot()
+        assert s["isolated_compile_failures"] == 1 and s["groups_fallen_back"] == {}, metrics.report()
+        assert_compiled(s, calls=1)
+    finally:
+        lazy_mlir.init("O1")

@@ -25,7 +25,7 @@ import torch
 
 from . import config, metrics, native_call
 from .disk_cache import DiskCache
-from .lowered_group import LoweredGroup
+from .lowered_group import LoadOnFirstCall, LoweredGroup
 
 _entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
 _failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
@@ -111,8 +111,8 @@ def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> L
         return None
     native = _native_plan(disk, key)
     if native is not None:
-        return LoweredGroup(_LoadedOnFirstCall(disk, key, name), entry["guards"], entry["collective_bytes"],
-                            native=native, disk_key=key)
+        return LoweredGroup(LoadOnFirstCall(lambda inputs: _load_python(disk, key, name, inputs)), entry["guards"],
+                            entry["collective_bytes"], native=native, disk_key=key)
     try:
         from .group_lowering import load_group
         lowered = load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name)
@@ -140,6 +140,8 @@ def store(key: str, lowered: LoweredGroup, cfg: config.Config) -> None:
             entry = {"key": key, "guarded_inputs": positions}
         if disk.write(key, pickle.dumps(entry)):
             lowered.disk_key = variant
+            if lowered.native is not None:  # compiled in a worker (isolated_compile), planned there
+                store_native(lowered, lowered.native, cfg)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         warnings.warn(f"lazy_mlir: cannot store a compiled group in the cache ({exc})", RuntimeWarning, stacklevel=2)
 
@@ -177,24 +179,13 @@ def _native_plan(disk: DiskCache, key: str) -> native_call.Plan | None:
     return native_call.Plan(path, entry["arguments"], entry["num_results"], entry["outputs"])
 
 
-class _LoadedOnFirstCall:
-    """The Python way into a variant loaded as a native library, for the
-    runs C++ does not take (native_call: a scalar input that is another
-    tensor now): loads Inductor's artefact when first needed."""
-
-    def __init__(self, disk: DiskCache, key: str, name: str):
-        self.disk, self.key, self.name = disk, key, name
-        self.run = None
-
-    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.run is None:
-            entry = read_entry(self.disk, self.key)
-            if entry is None:
-                raise RuntimeError(f"the compile cache's entry of {self.name} is gone")
-            from .group_lowering import load_group
-            self.run = load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs,
-                                  self.name).run
-        return self.run(inputs)
+def _load_python(disk: DiskCache, key: str, name: str, inputs: list[torch.Tensor]):
+    """The Python callable of a variant loaded as a native library."""
+    entry = read_entry(disk, key)
+    if entry is None:
+        raise RuntimeError(f"the compile cache's entry of {name} is gone")
+    from .group_lowering import load_group
+    return load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name).run
 
 
 def _failure_key(key: str) -> str:

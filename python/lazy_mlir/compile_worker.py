@@ -6,13 +6,17 @@ under the GIL).
 It gets a group as the parent prepared it (the FX graph exported after the
 MLIR passes, as ``portable_graph`` bytes, and the layouts of its inputs) and
 sends back Inductor's serialized artefact, which
-``group_lowering.adopt_code`` loads. Started as
+``group_lowering.adopt_code`` loads; or (``isolated_compile``) the group's
+TorchScript graph, which it compiles whole, sending back the artefact and
+the plan of the native call. Started as
 ``python -m lazy_mlir.compile_worker JOBS_FD REPLIES_FD``; the package never
 imports this module.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -42,6 +46,9 @@ def _serve(jobs: Connection, replies: Connection) -> None:
             job = jobs.recv()
         except EOFError:
             return
+        if job.get("kind") == "lower":
+            replies.send(_lower(job))
+            continue
         start = time.perf_counter()
         try:
             gm = portable_graph.loads(job["graph"])
@@ -54,6 +61,48 @@ def _serve(jobs: Connection, replies: Connection) -> None:
         except Exception as exc:  # noqa: BLE001 - the parent generates this group's code itself
             reply = ("failed", f"{type(exc).__name__}: {exc}")
         replies.send(reply)
+
+
+def _blank_inputs(message: dict) -> list[torch.Tensor]:
+    """Zeros (an index into anything), laid out and aliased as the parent's,
+    the 0-d ones holding its values."""
+    inputs = []
+    for i, (layout, same_as) in enumerate(zip(message["layouts"], message["same_as"])):
+        t = inputs[same_as] if same_as != i else blank_input(layout).zero_()
+        if i in message["scalars"]:
+            t.fill_(message["scalars"][i])
+        inputs.append(t)
+    return inputs
+
+
+def _lower(job: dict) -> tuple:
+    """("lowered", result), or ("failed", why): the parent compiles it."""
+    from . import fused_optimizer, group_key, isolated_compile, native_call  # noqa: F401 - defines our ops
+    from .group_lowering import generate_code, prepare_group
+    job = pickle.loads(job["payload"])
+    try:
+        graph = isolated_compile.graph_from_message(job["graph"])
+    except Exception as exc:  # noqa: BLE001 - the parent has the graph itself
+        return ("failed", f"its IR does not parse here: {type(exc).__name__}: {exc}")
+    if group_key.structure(graph) != job["structure"]:
+        return ("failed", "its graph changed on the way")
+    cfg = dataclasses.replace(job["cfg"], cache=True, cache_inductor=True)  # the artefact goes back
+    inputs = _blank_inputs(job["inputs"])
+    try:
+        prepared = prepare_group(graph, inputs, job["name"], cfg, keep_graph=True)
+        lowered = generate_code(prepared, cfg)
+    except Exception as exc:  # noqa: BLE001 - the parent's own compile reports the error
+        return ("failed", f"{type(exc).__name__}: {exc}")
+    if lowered.artifacts is None or lowered.artifacts.get("inductor") is None:
+        return ("failed", "Inductor gave no serializable artefact")
+    try:
+        _, plan = native_call.probe(lowered.run, inputs)
+    except Exception as exc:  # noqa: BLE001 - blank inputs the code refuses
+        return ("failed", f"its code does not run on blank inputs: {type(exc).__name__}: {exc}")
+    if plan is None:
+        return ("failed", "its code cannot be called natively")
+    return ("lowered", {"artifacts": lowered.artifacts, "guards": lowered.guards,
+                        "collective_bytes": lowered.collective_bytes, "plan": plan})
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ class Config:
     # LAZY_MLIR_COMPILE_WORKERS sets it; the default is half the CPUs, at most 4.
     compile_workers: int = dataclasses.field(default_factory=lambda: int(
         os.environ.get("LAZY_MLIR_COMPILE_WORKERS") or default_compile_workers()))
+    # Compile a static CPU group with the C++ wrapper in a worker process
+    # (isolated_compile) and call the library it builds from C++: the
+    # training process never loads torch-mlir or Inductor's compiler (~100 MB
+    # of its peak). LAZY_MLIR_ISOLATED_COMPILE=0 compiles in this process.
+    isolated_compile: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_ISOLATED_COMPILE", True))
     # Before a model's first training forward and an optimizer's first step,
     # do what lazy_mlir.prepare() does, so the first step traces (and
     # compiles) the steady-state graph (see steady_state). LAZY_MLIR_AUTO_PREPARE=0 turns it off.
@@ -114,7 +119,7 @@ class Config:
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
-                   "compile_workers", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs")
+                   "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -18,8 +18,8 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (_C, background, compile_cache, config, cuda_graphs, group_key, metrics, native_call, parallel_compile,
-               recompiles, shape_generic, syncs)
+from . import (_C, background, compile_cache, config, cuda_graphs, group_key, isolated_compile, metrics, native_call,
+               parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
 
 lower_group = lowering_function("lower_group")
@@ -467,6 +467,8 @@ class GroupExecutable:
             with background.compile_lock:  # after any compile running in the background
                 planned = sighting and shape_generic.plan(sighting, inputs)
                 lowered = ((planned and self._compile_generic(inputs, sighting, planned))
+                           or (isolated_compile.applies(self.cfg, inputs)
+                               and isolated_compile.lower(self.graph, inputs, self.name, self.cfg))
                            or lower_group(self.graph, inputs, self.name, self.cfg))
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             self._compile_failed(exc)

@@ -24,6 +24,21 @@ class LoweredGroup:
     disk_key: str | None = None  # the variant's entry in the compile cache, once written
 
 
+class LoadOnFirstCall:
+    """The Python way into code C++ calls as a native library (``native``),
+    for a run C++ does not take (native calls off, a scalar input that is
+    another tensor now): ``load(inputs)`` gives the Python callable (it
+    imports Inductor), at the first such run."""
+
+    def __init__(self, load: Callable[[list], Callable[[list], list]]):
+        self.load, self.run = load, None
+
+    def __call__(self, inputs: list) -> list:
+        if self.run is None:
+            self.run = self.load(inputs)
+        return self.run(inputs)
+
+
 def lowering_function(name: str) -> Callable:
     """``group_lowering.<name>``, imported at its first call: a process whose
     groups all come from the cache as native code never loads MLIR or the

@@ -261,6 +261,8 @@ def snapshot() -> dict:
         "group_cache_waits": group_cache.get("wait", 0),
         # hits whose code came as the library C++ calls, without loading Inductor (compile_cache.store_native)
         "group_cache_native_loads": group_cache.get("native_load", 0),
+        # groups the isolated compile worker could not take, compiled in this process instead
+        "isolated_compile_failures": group_cache.get("isolated_failed", 0),
         # groups whose code a compile worker process generated (parallel_compile)
         "worker_compiles": worker_compiles,
         # groups that copy inputs into the layouts their deferred compile took, instead of compiling again

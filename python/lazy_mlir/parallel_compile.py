@@ -86,12 +86,16 @@ class WorkerProcess:
 
     def compile(self, name: str, graph: bytes, layouts: list[tuple], cpp_wrapper: bool = False) -> tuple:
         """("done", artefact bytes, seconds) or ("failed", why)."""
+        return self.send({"name": name, "graph": graph, "inputs": layouts, "cpp_wrapper": cpp_wrapper})
+
+    def send(self, job: dict) -> tuple:
+        """The worker's reply to ``job``; ("exited", why) when it died."""
         try:
-            self.jobs.send({"name": name, "graph": graph, "inputs": layouts, "cpp_wrapper": cpp_wrapper})
+            self.jobs.send(job)
             return self.replies.recv()
         except (EOFError, OSError) as exc:
             self.alive = False
-            return ("failed", f"the compile worker exited ({type(exc).__name__}: {exc})")
+            return ("exited", f"the compile worker exited ({type(exc).__name__}: {exc})")
 
     def stop(self) -> None:
         """Ends the worker (idle: it reads the end of its jobs; still

@@ -1,0 +1,153 @@
+"""A group's whole compile in a worker process (``Config.isolated_compile``).
+
+Compiling a group loads torch-mlir's MLIR libraries and Inductor's compiler
+(~100 MB that stay in a process once imported) and leaves the heap the
+compile used behind: most of lazy_mlir's peak memory above eager's. Here
+the group goes to a ``compile_worker`` process instead, as its TorchScript
+graph (IR text plus the constants' values, which the text does not carry
+exactly); the worker lowers it (MLIR passes and all), generates Inductor's
+C++-wrapped code, runs it once on blank inputs to plan the native call
+(native_call.probe) and sends back Inductor's artefact and that plan. This
+process calls the library from C++; Python loads the artefact only for a
+run C++ does not take (lowered_group.LoadOnFirstCall).
+
+It takes static CPU groups compiled with the C++ wrapper (the native call
+needs it), without dumps (each stage is dumped where it runs) and outside
+distributed runs (collectives keep the Python wrapper). Anything the worker
+cannot take (a graph that does not survive the trip, a worker that does
+not start or dies, code without a native plan, an error of the compile
+itself) is compiled here as before, whose errors are reported as always.
+"""
+from __future__ import annotations
+
+import atexit
+import pickle
+import sys
+import threading
+import time
+
+import torch
+
+from . import config, metrics
+from .lowered_group import LoadOnFirstCall, LoweredGroup
+
+# The worker stays this long after its last compile (a graph's compiles come
+# together; a later recompile then skips its ~5 s start), then ends.
+IDLE_SECONDS = 60.0
+
+_lock = threading.Lock()
+_worker = None  # parallel_compile.WorkerProcess
+_idle_timer: threading.Timer | None = None
+
+
+def applies(cfg: config.Config, inputs: list[torch.Tensor]) -> bool:
+    if not (cfg.isolated_compile and cfg.cpp_wrapper and cfg.native_calls) or cfg.codegen != "inductor":
+        return False
+    if cfg.dump_dir or not all(t.device.type == "cpu" for t in inputs):
+        return False
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def graph_message(graph: torch._C.Graph) -> dict:
+    """The graph as the worker rebuilds it: its IR text, and the value of each
+    constant the text prints inexactly (a tensor's data, a bool list's
+    bools), by the constant's ordinal. Tensor constants are printed as a
+    0-d placeholder (the parser takes no tensor of several elements)."""
+    graph = graph.copy()
+    constants = {}
+    for k, node in enumerate(n for n in graph.nodes() if n.kind() == "prim::Constant"):
+        if node.hasAttribute("value") and node.kindOf("value") in ("t", "ival"):
+            value = node.output().toIValue()
+            if isinstance(value, torch.Tensor):
+                value = value.detach().clone()
+                node.t_("value", torch.zeros((), dtype=value.dtype))
+            constants[k] = (node.kindOf("value"), value)
+    return {"ir": str(graph), "constants": constants}
+
+
+def graph_from_message(message: dict) -> torch._C.Graph:
+    graph = torch._C.parse_ir(message["ir"], parse_tensor_constants=True)
+    for k, node in enumerate(n for n in graph.nodes() if n.kind() == "prim::Constant"):
+        if k in message["constants"]:
+            kind, value = message["constants"][k]
+            node.t_("value", value) if kind == "t" else node.ival_("value", value)
+    return graph
+
+
+def input_message(inputs: list[torch.Tensor]) -> dict:
+    """What the worker makes blank inputs from: layouts, which earlier input
+    each repeats (LTC passes one tensor twice), and the 0-d inputs' values
+    (the passes bake some into the code)."""
+    from .parallel_compile import input_layout
+    first: dict[int, int] = {}
+    return {"layouts": [input_layout(t) for t in inputs],
+            "same_as": [first.setdefault(id(t), i) for i, t in enumerate(inputs)],
+            "scalars": {i: t.item() for i, t in enumerate(inputs) if t.dim() == 0}}
+
+
+def lower(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
+    """The group compiled in the worker, or None: compile it here."""
+    from . import group_key
+    # Pickled here: the connection's own pickler would send tensors through
+    # shared memory (torch.multiprocessing's reductions), which needs an authkey.
+    job = {"kind": "lower", "payload": pickle.dumps({
+        "name": name, "graph": graph_message(graph), "structure": group_key.structure(graph),
+        "inputs": input_message(inputs), "cfg": cfg})}
+    start = time.perf_counter()
+    with _lock:
+        worker = _started_worker()
+        if worker is None:
+            return None
+        reply = worker.send(job)
+        _stop_when_idle()
+    if reply[0] != "lowered":  # ("failed" or "exited", why)
+        metrics.count_cache("isolated_failed")
+        if cfg.progress:
+            print(f"lazy_mlir: {name}: the compile worker cannot take it ({reply[1]}); compiling it here",
+                  file=sys.stderr, flush=True)
+        return None
+    result = reply[1]
+    metrics.record_stage("isolated_compile", time.perf_counter() - start)
+    artefact = result["artifacts"]["inductor"]
+    return LoweredGroup(LoadOnFirstCall(lambda _inputs: _load_artefact(artefact)), result["guards"],
+                        result["collective_bytes"], dict(result["artifacts"]), native=result["plan"])
+
+
+def _load_artefact(artefact: bytes):
+    from .codegen import inductor
+    return inductor.load_artefact(artefact)
+
+
+def _started_worker():
+    global _worker
+    if _worker is not None and _worker.alive:
+        return _worker
+    from .parallel_compile import WorkerProcess
+    _worker = WorkerProcess()
+    if not _worker.wait_ready():
+        _worker.stop()
+        _worker.close()
+        _worker = None
+    return _worker
+
+
+def _stop_when_idle() -> None:
+    global _idle_timer
+    if _idle_timer is not None:
+        _idle_timer.cancel()
+    _idle_timer = threading.Timer(IDLE_SECONDS, stop)
+    _idle_timer.daemon = True
+    _idle_timer.start()
+
+
+def stop() -> None:
+    """Ends the worker (idle, or at exit)."""
+    global _worker
+    with _lock:
+        if _worker is not None:
+            _worker.stop()
+            _worker.close()
+            _worker = None
+
+
+atexit.register(stop)
