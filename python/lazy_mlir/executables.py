@@ -18,8 +18,8 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (_C, background, compile_cache, config, cuda_graphs, group_key, isolated_compile, metrics, native_call,
-               parallel_compile, recompiles, shape_generic, syncs)
+from . import (_C, background, compile_cache, config, cuda_graphs, group_key, heap, isolated_compile, metrics,
+               native_call, parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
 
 lower_group = lowering_function("lower_group")
@@ -473,6 +473,8 @@ class GroupExecutable:
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             self._compile_failed(exc)
             return None
+        finally:
+            heap.give_back()
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return lowered
