@@ -5,6 +5,8 @@ Each variant runs in its own process (its own torch state); the caches are
 folders made for this run, so "cold" is cold for lazy_mlir and for Inductor:
 
   lazy_cold           empty lazy_mlir cache, empty Inductor cache
+  lazy_cold_in_process  the same, compiled in the training process
+                      (isolated_compile=False; by default a worker compiles)
   lazy_warm           a second process on both caches lazy_cold filled
   lazy_inductor_warm  an empty lazy_mlir cache on the Inductor cache lazy_cold
                       filled (what a second process had before lazy_mlir's cache)
@@ -40,6 +42,7 @@ import time
 # variant -> (lazy_mlir cache folder, Inductor cache folder, lazy_mlir.init options); folders by name
 VARIANTS = {
     "lazy_cold": ("lazy", "inductor", {}),
+    "lazy_cold_in_process": ("lazy_in_process", "inductor_in_process", {"isolated_compile": False}),
     "lazy_warm": ("lazy", "inductor", {}),
     "lazy_inductor_warm": ("lazy_empty", "inductor", {}),
     "lazy_warm_new_inductor": ("lazy", "inductor_empty", {}),
@@ -47,7 +50,7 @@ VARIANTS = {
     "lazy_warm_fx": ("lazy_fx", "inductor_fx", {"cache_inductor": False}),
     "torch_compile_cold": (None, "inductor_tc", None),
 }
-STAGES = ("ts_to_fx", "fx_to_mlir", "mlir_passes", "mlir_to_fx", "codegen", "cache_load")
+STAGES = ("isolated_compile", "ts_to_fx", "fx_to_mlir", "mlir_passes", "mlir_to_fx", "codegen", "cache_load")
 
 
 def child(variant: str, steps: int, auto_prepare: bool) -> dict:
