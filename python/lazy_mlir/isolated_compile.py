@@ -67,10 +67,14 @@ def graph_message(graph: torch._C.Graph) -> dict:
 
 def graph_from_message(message: dict) -> torch._C.Graph:
     graph = torch._C.parse_ir(message["ir"], parse_tensor_constants=True)
-    for k, node in enumerate(n for n in graph.nodes() if n.kind() == "prim::Constant"):
-        if k in message["constants"]:
-            kind, value = message["constants"][k]
-            node.t_("value", value) if kind == "t" else node.ival_("value", value)
+    for k, node in enumerate([n for n in graph.nodes() if n.kind() == "prim::Constant"]):
+        if k not in message["constants"]:
+            continue
+        kind, value = message["constants"][k]
+        if kind == "t":
+            node.t_("value", value)
+        elif repr(node.ival("value")) != repr(value):  # [True] parses as [1] (an empty list parses exact)
+            node.ival_("value", value)
     return graph
 
 
