@@ -19,11 +19,12 @@ import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
 import torch._lazy.ts_backend
 
-# fused_optimizer and group_compiler import torch-mlir, sympy and Dynamo, and
-# lazy_mlir.zero loads MLIR's libraries (~1.3 s, ~120 MB in all): init()
-# imports the first two and zero loads on first use, so that a process that
-# only imports lazy_mlir (an eager baseline, a script reading
-# lazy_mlir.models) does not pay for them.
+# The compiler (torch-mlir's MLIR libraries, the lowering, Inductor's
+# compile_fx: ~100 MB) is imported by the first compile in this process
+# (isolated_compile compiles in a worker, and cached code loads without it),
+# lazy_mlir.zero (torch.distributed, MLIR) on first use, and init() imports
+# the runtime (fused_optimizer, group_compiler), so that a process that only
+# imports lazy_mlir (an eager baseline reading lazy_mlir.models) loads none.
 from . import background, compilable, config, dump, lazy_kernels, metrics, module_ties
 from . import steady_state, step_errors
 from . import syncs, transformers_compat

@@ -266,6 +266,7 @@ class GroupExecutable:
             self._layouts.append((guard, key))
         self.layout, self.cache_key = guard, key
         self._use(self._lowered_for(inputs, count_miss))
+        heap.give_back()  # what the compile or load (and a capture's tracing before it) freed
         return self._run_new_code(inputs)
 
     def _run_new_code(self, inputs):
@@ -473,8 +474,6 @@ class GroupExecutable:
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             self._compile_failed(exc)
             return None
-        finally:
-            heap.give_back()
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return lowered

@@ -3,8 +3,9 @@
 A compile (a capture's tracing, the lowering, the worker's reply) frees
 tens of MB that glibc keeps; the steady-state steps then grow the heap
 around them, and the process's peak with it (GPT-mini captured, cold: 586
-MB without, 559 with). ``malloc_trim`` once after each compile returns
-those pages; per step it would cost page faults (README "Peak memory").
+MB without, 559-573 with). ``malloc_trim`` once when a group gets new code
+(compiled or loaded) returns those pages; per step it would cost page
+faults (README "Where it stands").
 """
 from __future__ import annotations
 
