@@ -65,10 +65,10 @@ class Config:
     compile_workers: int = dataclasses.field(default_factory=lambda: int(
         os.environ.get("LAZY_MLIR_COMPILE_WORKERS") or default_compile_workers()))
     # Compile a static CPU group with the C++ wrapper in a worker process
-    # (isolated_compile) and call the library it builds from C++ (needs
-    # native_calls): the
-    # training process never loads torch-mlir or Inductor's compiler (~100 MB
-    # of its peak). LAZY_MLIR_ISOLATED_COMPILE=0 compiles in this process.
+    # (isolated_compile) and call the library it builds from C++ (with
+    # native_calls on): the training process never loads torch-mlir or
+    # Inductor's compiler (~100 MB of its peak). LAZY_MLIR_ISOLATED_COMPILE=0
+    # compiles in this process.
     isolated_compile: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_ISOLATED_COMPILE", True))
     # Before a model's first training forward and an optimizer's first step,
     # do what lazy_mlir.prepare() does, so the first step traces (and
