@@ -341,9 +341,12 @@ def report() -> str:
         + (f", {s['interpreted_group_calls']} TorchScript while their code compiled"
            if s["interpreted_group_calls"] else "") + ")",
         f"  fell back            {len(s['groups_fallen_back'])} groups run in TorchScript",
-        f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_disk_hits']} from disk, "
-        f"{s['group_cache_misses']} misses"
-        + (f" ({s['group_cache_waits']} compiled by another process meanwhile)" if s["group_cache_waits"] else ""),
+        f"  group cache          {s['group_cache_hits']} hits, {s['group_cache_disk_hits']} from disk"
+        + (f" ({s['group_cache_native_loads']} as native code)" if s["group_cache_native_loads"] else "")
+        + f", {s['group_cache_misses']} misses"
+        + (f" ({s['group_cache_waits']} compiled by another process meanwhile)" if s["group_cache_waits"] else "")
+        + (f"; {s['isolated_compile_failures']} compiled here, the compile worker failed them"
+           if s["isolated_compile_failures"] else ""),
     ]
     if s["worker_compiles"]:
         lines.append(f"  compile workers      {s['worker_compiles']} groups' code generated beside this process "
