@@ -271,3 +271,63 @@ def test_a_group_the_worker_fails_compiles_here(monkeypatch):
         assert_compiled(s, calls=1)
     finally:
         lazy_mlir.init("O1")
+
+
+DROPOUT_CHILD = """
+import copy, json, sys, torch, lazy_mlir
+import torch.nn as nn, torch.nn.functional as F
+from lazy_mlir import metrics, parallel_compile
+lazy_mlir.init("O1", cpp_wrapper=True, compile_workers=1, progress=False)
+parallel_compile.MIN_OPS_FOR_WORKERS = 0  # a worker beside the compile worker, whatever the groups' size
+
+class DropoutMLP(nn.Module):  # dropout's draws stay in TorchScript: three groups
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x, y):
+        h = F.dropout(F.gelu(self.fc1(x)), 0.3)
+        h = F.dropout(torch.tanh(self.fc2(h)), 0.3)
+        return F.cross_entropy(self.fc3(h), y)
+
+torch.manual_seed(0)
+eager = DropoutMLP().double()
+lazy = copy.deepcopy(eager).to("lazy")
+g = torch.Generator().manual_seed(1)
+batches = [(torch.randn(8, 16, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g))
+           for _ in range(3)]
+losses = {}
+for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
+    torch.manual_seed(123)  # the same dropout masks
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses[name] = []
+    for x, y in batches:
+        loss = model(x.to(device), y.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == "lazy":
+            torch._lazy.mark_step()
+        losses[name].append(loss.item())
+compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx") if m in sys.modules]
+print(json.dumps({"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}, default=str))
+"""
+
+
+def test_a_graph_of_several_groups_compiles_them_in_workers(tmp_path):
+    """parallel_compile with isolated_compile: each group is lowered to FX in
+    the compile worker during the graph's first execution (for the layouts
+    its code will return), and its code generated there or in a second
+    worker at the end of it; the training process loads none of the
+    compiler, and trains as eager."""
+    result = subprocess.run([sys.executable, "-c", DROPOUT_CHILD], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(out["losses"]["lazy"], out["losses"]["eager"], rtol=1e-12, atol=1e-12)
+    s = out["metrics"]
+    assert s["group_cache_misses"] == s["stage_runs"].get("isolated_prepare") == 3, s
+    assert s["isolated_compile_failures"] == 0 and s["groups_fallen_back"] == {} and s["fallback_count"] == 0, s
+    # the first step's groups in TorchScript while their code compiled, every later call generated code
+    assert s["interpreted_group_calls"] == 3 and s["compiled_group_calls"] == s["group_calls"] - 3 >= 6, s
+    assert out["compiler"] == [], f"a process whose groups compiled in workers loaded {out['compiler']}"

@@ -46,18 +46,19 @@ def _serve(jobs: Connection, replies: Connection) -> None:
             job = jobs.recv()
         except EOFError:
             return
-        if job.get("kind") == "lower":
+        if job.get("kind") in ("lower", "prepare"):
             replies.send(_lower(job))
             continue
         start = time.perf_counter()
         try:
             gm = portable_graph.loads(job["graph"])
-            fake_mode, fakes = fake_inputs_of([blank_input(layout) for layout in job["inputs"]])
-            _, _, artefact = inductor.compile_graph(gm, fakes, fake_mode, job["name"], serializable=True,
-                                                    cpp_wrapper=job.get("cpp_wrapper", False))
+            blanks = [blank_input(layout).zero_() for layout in job["inputs"]]
+            fake_mode, fakes = fake_inputs_of(blanks)
+            run, _, artefact = inductor.compile_graph(gm, fakes, fake_mode, job["name"], serializable=True,
+                                                      cpp_wrapper=job.get("cpp_wrapper", False))
             if artefact is None:
                 raise RuntimeError("Inductor gave no serializable artefact")
-            reply = ("done", artefact, time.perf_counter() - start)
+            reply = ("done", artefact, time.perf_counter() - start, _plan(run, blanks) if job.get("probe") else None)
         except Exception as exc:  # noqa: BLE001 - the parent generates this group's code itself
             reply = ("failed", f"{type(exc).__name__}: {exc}")
         replies.send(reply)
@@ -75,11 +76,22 @@ def _blank_inputs(message: dict) -> list[torch.Tensor]:
     return inputs
 
 
+def _plan(run, inputs: list[torch.Tensor]):
+    """The native plan of code run once on ``inputs`` (zeros); None when it
+    does not run on them or cannot be called natively."""
+    from . import native_call
+    try:
+        return native_call.probe(run, inputs)[1]
+    except Exception:  # noqa: BLE001 - the parent probes it itself
+        return None
+
+
 def _lower(job: dict) -> tuple:
-    """("lowered", result), or ("failed", why): the parent compiles it."""
-    from . import fused_optimizer, group_key, isolated_compile, native_call  # noqa: F401 - defines our ops
+    """A group's whole compile ("lowered", result) or its lowering to FX
+    ("prepared", result); ("failed", why): the parent does it."""
+    from . import fused_optimizer, group_key, isolated_compile  # noqa: F401 - fused_optimizer defines our ops
     from .group_lowering import generate_code, prepare_group
-    job = pickle.loads(job["payload"])
+    kind, job = job["kind"], pickle.loads(job["payload"])
     try:
         graph = isolated_compile.graph_from_message(job["graph"])
     except Exception as exc:  # noqa: BLE001 - the parent has the graph itself
@@ -90,17 +102,19 @@ def _lower(job: dict) -> tuple:
     inputs = _blank_inputs(job["inputs"])
     try:
         prepared = prepare_group(graph, inputs, job["name"], cfg, keep_graph=True)
+        if kind == "prepare":
+            if prepared.artifacts is None:
+                return ("failed", "its exported graph cannot be sent")
+            return ("prepared", {"strides": prepared.output_strides(), "guards": prepared.guards,
+                                 "collective_bytes": prepared.collective_bytes, "artifacts": prepared.artifacts})
         lowered = generate_code(prepared, cfg)
     except Exception as exc:  # noqa: BLE001 - the parent's own compile reports the error
         return ("failed", f"{type(exc).__name__}: {exc}")
     if lowered.artifacts is None or lowered.artifacts.get("inductor") is None:
         return ("failed", "Inductor gave no serializable artefact")
-    try:
-        _, plan = native_call.probe(lowered.run, inputs)
-    except Exception as exc:  # noqa: BLE001 - blank inputs the code refuses
-        return ("failed", f"its code does not run on blank inputs: {type(exc).__name__}: {exc}")
+    plan = _plan(lowered.run, inputs)
     if plan is None:
-        return ("failed", "its code cannot be called natively")
+        return ("failed", "its code does not run on zeros, or cannot be called natively")
     return ("lowered", {"artifacts": lowered.artifacts, "guards": lowered.guards,
                         "collective_bytes": lowered.collective_bytes, "plan": plan})
 

@@ -604,16 +604,27 @@ class DeferredCompile:
         self.prepared = self.lowered = self.output_strides = None
         self.leader: DeferredCompile | None = None
         self.artefact, self.worker_seconds, self.worker_failure = None, 0.0, None
+        self.plan = None  # the native call's, when a worker ran the code (isolated_compile)
 
     def prepare(self) -> bool:
-        """Lowers the group to FX (False: that failed, reported)."""
-        try:
-            self.prepared = prepare_group(self.executable.graph, self.inputs, self.name, self.cfg, keep_graph=True)
-        except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
-            self.executable._compile_failed(exc)
-            return False
+        """Lowers the group to FX, in the compile worker where isolated_compile
+        applies (False: that failed, reported)."""
+        if isolated_compile.applies(self.cfg, self.inputs):
+            self.prepared = isolated_compile.prepare(self.executable.graph, self.inputs, self.name, self.cfg)
+        if self.prepared is None:
+            try:
+                self.prepared = prepare_group(self.executable.graph, self.inputs, self.name, self.cfg,
+                                              keep_graph=True)
+            except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
+                self.executable._compile_failed(exc)
+                return False
         self.output_strides = self.prepared.output_strides()  # Inductor's (parallel_compile.applies)
         return True
+
+    @property
+    def isolated(self) -> bool:
+        """Prepared in the compile worker: its code is generated and planned in workers too."""
+        return isinstance(self.prepared, isolated_compile.PreparedElsewhere)
 
     def follow(self, leader: DeferredCompile) -> None:
         self.leader, self.output_strides = leader, leader.output_strides
@@ -626,22 +637,35 @@ class DeferredCompile:
     def request(self) -> tuple:
         artifacts = self.prepared.artifacts
         return (self.name, artifacts["graph"], [parallel_compile.input_layout(t) for t in self.inputs],
-                artifacts.get("cpp_wrapper", False))
+                artifacts.get("cpp_wrapper", False), self.isolated)
 
-    def generated_elsewhere(self, artefact: bytes, seconds: float) -> None:
-        """A worker's code for it (loaded by ``finish``)."""
-        self.artefact, self.worker_seconds = artefact, seconds
+    def generated_elsewhere(self, artefact: bytes, seconds: float, plan=None) -> None:
+        """A worker's code for it, and its native plan when asked for
+        (loaded by ``finish``)."""
+        self.artefact, self.worker_seconds, self.plan = artefact, seconds, plan
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {seconds:.1f} s in a compile worker",
                   file=sys.stderr, flush=True)
 
     def generate(self) -> None:
-        """Its code, generated in this process."""
+        """Its code, generated in this process, or in the compile worker for a
+        group prepared there (isolated_compile)."""
         if self.worker_failure and self.cfg.progress:
             print(f"lazy_mlir: {self.name}: the compile worker failed it ({self.worker_failure}); compiling it here",
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
+        if self.isolated and self.worker_failure is None:
+            generated = isolated_compile.generate(self.name, self.prepared, self.inputs, self.cfg)
+            if generated is not None:
+                self.lowered = isolated_compile.adopt(self.prepared, *generated, self.cfg)
+                if self.cfg.progress:
+                    print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {time.perf_counter() - start:.1f} "
+                          "s in the compile worker", file=sys.stderr, flush=True)
+                return
         try:
+            if self.isolated:  # the worker could not: lowered here after all
+                self.prepared = prepare_group(self.executable.graph, self.inputs, self.name, self.cfg,
+                                              keep_graph=True)
             self.lowered = generate_code(self.prepared, self.cfg)
         except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
             self.executable._compile_failed(exc)
@@ -654,7 +678,10 @@ class DeferredCompile:
         ex = self.executable
         if self.artefact is not None:
             try:
-                self.lowered = adopt_code(self.prepared, self.artefact, self.cfg)
+                if self.isolated:
+                    self.lowered = isolated_compile.adopt(self.prepared, self.artefact, self.plan, self.cfg)
+                else:
+                    self.lowered = adopt_code(self.prepared, self.artefact, self.cfg)
                 metrics.record_worker_compile(self.worker_seconds)
             except Exception as exc:  # noqa: BLE001 - generated here instead
                 self.worker_failure = f"its code does not load here: {type(exc).__name__}: {exc}"

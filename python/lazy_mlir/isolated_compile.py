@@ -21,6 +21,7 @@ itself) is compiled here as before, whose errors are reported as always.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import pickle
 import sys
 import threading
@@ -91,30 +92,84 @@ def input_message(inputs: list[torch.Tensor]) -> dict:
 
 def lower(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
     """The group compiled in the worker, or None: compile it here."""
-    from . import group_key
-    # Pickled here: the connection's own pickler would send tensors through
-    # shared memory (torch.multiprocessing's reductions), which needs an authkey.
-    job = {"kind": "lower", "payload": pickle.dumps({
-        "name": name, "graph": graph_message(graph), "structure": group_key.structure(graph),
-        "inputs": input_message(inputs), "cfg": cfg})}
     start = time.perf_counter()
-    with _lock:
-        worker = _started_worker()
-        if worker is None:
-            return None
-        reply = worker.send(job)
-        _stop_when_idle()
-    if reply[0] != "lowered":  # ("failed" or "exited", why)
-        metrics.count_cache("isolated_failed")
-        if cfg.progress:
-            print(f"lazy_mlir: {name}: the compile worker cannot take it ({reply[1]}); compiling it here",
-                  file=sys.stderr, flush=True)
+    reply = _ask(_group_job("lower", graph, inputs, name, cfg), name, cfg)
+    if reply is None:
         return None
     result = reply[1]
     metrics.record_stage("isolated_compile", time.perf_counter() - start)
     artefact = result["artifacts"]["inductor"]
     return LoweredGroup(LoadOnFirstCall(lambda _inputs: _load_artefact(artefact)), result["guards"],
                         result["collective_bytes"], dict(result["artifacts"]), native=result["plan"])
+
+
+@dataclasses.dataclass
+class PreparedElsewhere:
+    """A deferred compile's group lowered to FX in the worker
+    (``parallel_compile``): what its flush and the group need of it."""
+    strides: list          # of the outputs the code will return
+    guards: list
+    collective_bytes: dict
+    artifacts: dict        # {"graph": the exported graph's bytes, ...}
+
+    def output_strides(self) -> list:
+        return self.strides
+
+
+def prepare(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str,
+            cfg: config.Config) -> PreparedElsewhere | None:
+    """The group lowered to FX in the worker, or None: prepare it here."""
+    start = time.perf_counter()
+    reply = _ask(_group_job("prepare", graph, inputs, name, cfg), name, cfg)
+    if reply is None:
+        return None
+    metrics.record_stage("isolated_prepare", time.perf_counter() - start)
+    return PreparedElsewhere(**reply[1])
+
+
+def generate(name: str, prepared: PreparedElsewhere, inputs: list[torch.Tensor], cfg: config.Config):
+    """(Inductor's artefact, native plan or None) of a prepared group,
+    generated in the worker; None: generate it here."""
+    from .parallel_compile import input_layout
+    job = {"name": name, "graph": prepared.artifacts["graph"], "inputs": [input_layout(t) for t in inputs],
+           "cpp_wrapper": True, "probe": True}
+    reply = _ask(job, name, cfg, expected="done")
+    return None if reply is None else (reply[1], reply[3])
+
+
+def adopt(prepared: PreparedElsewhere, artefact: bytes, plan, cfg: config.Config) -> LoweredGroup:
+    """The group with code a worker generated: called natively with ``plan``,
+    Inductor's artefact loaded only for a run C++ does not take; without a
+    plan (code C++ cannot call) loaded at its first run, which probes it
+    again. Neither loads the lowering or MLIR."""
+    stored = dict(prepared.artifacts, inductor=artefact if cfg.cache_inductor else None) if cfg.cache else None
+    return LoweredGroup(LoadOnFirstCall(lambda _inputs: _load_artefact(artefact)), prepared.guards,
+                        prepared.collective_bytes, stored, native=plan)
+
+
+def _group_job(kind: str, graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> dict:
+    from . import group_key
+    # Pickled here: the connection's own pickler would send tensors through
+    # shared memory (torch.multiprocessing's reductions), which needs an authkey.
+    return {"kind": kind, "payload": pickle.dumps({
+        "name": name, "graph": graph_message(graph), "structure": group_key.structure(graph),
+        "inputs": input_message(inputs), "cfg": cfg})}
+
+
+def _ask(job: dict, name: str, cfg: config.Config, expected: str | None = None) -> tuple | None:
+    """The worker's reply to ``job`` (its kind, or ``expected``); None (counted,
+    and said with progress on) when the worker could not do it."""
+    with _lock:
+        worker = _started_worker()
+        reply = worker.send(job) if worker is not None else ("failed", "the compile worker did not start")
+        _stop_when_idle()
+    if reply[0] == (expected or {"lower": "lowered", "prepare": "prepared"}[job["kind"]]):
+        return reply
+    metrics.count_cache("isolated_failed")
+    if cfg.progress:
+        print(f"lazy_mlir: {name}: the compile worker cannot take it ({reply[1]}); compiling it here",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def _load_artefact(artefact: bytes):

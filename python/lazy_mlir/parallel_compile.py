@@ -84,9 +84,11 @@ class WorkerProcess:
         self.alive = self.ready
         return self.ready
 
-    def compile(self, name: str, graph: bytes, layouts: list[tuple], cpp_wrapper: bool = False) -> tuple:
-        """("done", artefact bytes, seconds) or ("failed", why)."""
-        return self.send({"name": name, "graph": graph, "inputs": layouts, "cpp_wrapper": cpp_wrapper})
+    def compile(self, name: str, graph: bytes, layouts: list[tuple], cpp_wrapper: bool = False,
+                probe: bool = False) -> tuple:
+        """("done", artefact bytes, seconds, native plan or None) or ("failed", why).
+        ``probe``: the code is run once on zeros for its native plan."""
+        return self.send({"name": name, "graph": graph, "inputs": layouts, "cpp_wrapper": cpp_wrapper, "probe": probe})
 
     def send(self, job: dict) -> tuple:
         """The worker's reply to ``job``; ("exited", why) when it died."""
@@ -236,7 +238,7 @@ def _generate(jobs: list, workers: list[WorkerProcess]) -> None:
             with cond:
                 busy[0] -= 1
                 if reply[0] == "done":
-                    job.generated_elsewhere(reply[1], reply[2])
+                    job.generated_elsewhere(reply[1], reply[2], reply[3])
                 else:
                     job.worker_failure = reply[1]
                     pending.appendleft(job)  # this process generates it, no worker tries it again
