@@ -132,3 +132,16 @@ def image_batches(steps=5, batch=4, seed=2):
 
 def sgd_momentum(model):
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+class DropoutMLP(nn.Module):
+    """Dropout's draws stay in TorchScript (eager's stream): three groups."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x, y):
+        h = F.dropout(F.gelu(self.fc1(x)), 0.3)
+        h = F.dropout(torch.tanh(self.fc2(h)), 0.3)
+        return F.cross_entropy(self.fc3(h), y)

@@ -156,19 +156,32 @@ def test_a_library_without_the_entry_is_refused():
     assert not slot.active
 
 
-CACHED_CHILD = """
-import copy, json, sys, torch, lazy_mlir
-from lazy_mlir import metrics
-lazy_mlir.init("O1", cpp_wrapper=True, progress=False)
+TRAINING_CHILD = """
+import copy, json, os, sys, torch, lazy_mlir
+from lazy_mlir import metrics, parallel_compile
+sys.path.insert(0, {tests!r})
+from helpers import DropoutMLP
+dropout = sys.argv[1] == "dropout"
+# dropout: three groups, compiled side by side with a worker whatever their size
+lazy_mlir.init("O1", cpp_wrapper=True, progress=False, **(dict(compile_workers=1) if dropout else {{}}))
+parallel_compile.MIN_OPS_FOR_WORKERS = 0
 torch.manual_seed(0)
-eager = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 3)).double()
+if dropout:
+    eager = DropoutMLP().double()
+else:
+    eager = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 3)).double()
 lazy = copy.deepcopy(eager).to("lazy")
-batches = [(torch.randn(16, 12, dtype=torch.float64), torch.randint(0, 3, (16,))) for _ in range(4)]
-losses = {"eager": [], "lazy": []}
+features, classes = (16, 4) if dropout else (12, 3)
+g = torch.Generator().manual_seed(1)
+batches = [(torch.randn(8, features, generator=g, dtype=torch.float64), torch.randint(0, classes, (8,), generator=g))
+           for _ in range(4)]
+losses = {{"eager": [], "lazy": []}}
 for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(123)  # the same dropout masks
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if dropout else 0.9)  # dropout: one graph
     for x, y in batches:
-        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        loss = model(x.to(device), y.to(device)) if dropout else torch.nn.functional.cross_entropy(
+            model(x.to(device)), y.to(device))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -177,12 +190,14 @@ for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
         losses[name].append(loss.item())
 compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx", "mlir_passes.pipeline")
             if m in sys.modules]
-print(json.dumps({"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}, default=str))
-"""
+print(json.dumps({{"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}}, default=str))
+""".format(tests=os.path.dirname(os.path.abspath(__file__)))
 
 
-def _cached_child(cache_dir, **env) -> dict:
-    result = subprocess.run([sys.executable, "-c", CACHED_CHILD], capture_output=True, text=True, timeout=600,
+def _cached_child(cache_dir, model="mlp", **env) -> dict:
+    """Trains ``model`` ("mlp", or "dropout": three groups) in a fresh process
+    beside eager; its losses, metrics and the compiler modules it loaded."""
+    result = subprocess.run([sys.executable, "-c", TRAINING_CHILD, model], capture_output=True, text=True, timeout=600,
                             env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(cache_dir), "LAZY_MLIR_CPP_WRAPPER": "1",
                                  **env})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -273,58 +288,13 @@ def test_a_group_the_worker_fails_compiles_here(monkeypatch):
         lazy_mlir.init("O1")
 
 
-DROPOUT_CHILD = """
-import copy, json, sys, torch, lazy_mlir
-import torch.nn as nn, torch.nn.functional as F
-from lazy_mlir import metrics, parallel_compile
-lazy_mlir.init("O1", cpp_wrapper=True, compile_workers=1, progress=False)
-parallel_compile.MIN_OPS_FOR_WORKERS = 0  # a worker beside the compile worker, whatever the groups' size
-
-class DropoutMLP(nn.Module):  # dropout's draws stay in TorchScript: three groups
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
-
-    def forward(self, x, y):
-        h = F.dropout(F.gelu(self.fc1(x)), 0.3)
-        h = F.dropout(torch.tanh(self.fc2(h)), 0.3)
-        return F.cross_entropy(self.fc3(h), y)
-
-torch.manual_seed(0)
-eager = DropoutMLP().double()
-lazy = copy.deepcopy(eager).to("lazy")
-g = torch.Generator().manual_seed(1)
-batches = [(torch.randn(8, 16, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g))
-           for _ in range(3)]
-losses = {}
-for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
-    torch.manual_seed(123)  # the same dropout masks
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses[name] = []
-    for x, y in batches:
-        loss = model(x.to(device), y.to(device))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device == "lazy":
-            torch._lazy.mark_step()
-        losses[name].append(loss.item())
-compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx") if m in sys.modules]
-print(json.dumps({"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}, default=str))
-"""
-
-
 def test_a_graph_of_several_groups_compiles_them_in_workers(tmp_path):
     """parallel_compile with isolated_compile: each group is lowered to FX in
     the compile worker during the graph's first execution (for the layouts
     its code will return), and its code generated there or in a second
     worker at the end of it; the training process loads none of the
     compiler, and trains as eager."""
-    result = subprocess.run([sys.executable, "-c", DROPOUT_CHILD], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(tmp_path)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    torch.testing.assert_close(out["losses"]["lazy"], out["losses"]["eager"], rtol=1e-12, atol=1e-12)
+    out = _cached_child(tmp_path, "dropout")
     s = out["metrics"]
     assert s["group_cache_misses"] == s["stage_runs"].get("isolated_prepare") == 3, s
     assert s["isolated_compile_failures"] == 0 and s["groups_fallen_back"] == {} and s["fallback_count"] == 0, s

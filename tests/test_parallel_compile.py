@@ -4,28 +4,13 @@ here and in a worker process; every step equals eager, and nothing compiles
 twice. The zoo's dropout models (tests/models) do the same on HF models."""
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lazy_mlir import compile_cache, executables, metrics, parallel_compile, portable_graph
-from helpers import LAZY, assert_same_training, sgd, train
+from helpers import LAZY, DropoutMLP, assert_same_training, sgd, train
 from test_compile_cache import _hand_groups_over_again
 
 CPU = torch.device("cpu")
-
-
-class DropoutMLP(nn.Module):
-    """Dropout's draws stay in TorchScript (eager's stream): three groups."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
-
-    def forward(self, x, y):
-        h = F.dropout(F.gelu(self.fc1(x)), 0.3)
-        h = F.dropout(torch.tanh(self.fc2(h)), 0.3)
-        return F.cross_entropy(self.fc3(h), y)
 
 
 def make_model():
