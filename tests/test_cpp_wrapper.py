@@ -301,3 +301,28 @@ def test_a_graph_of_several_groups_compiles_them_in_workers(tmp_path):
     # the first step's groups in TorchScript while their code compiled, every later call generated code
     assert s["interpreted_group_calls"] == 3 and s["compiled_group_calls"] == s["group_calls"] - 3 >= 6, s
     assert out["compiler"] == [], f"a process whose groups compiled in workers loaded {out['compiler']}"
+
+
+def test_a_dead_compile_worker_is_replaced():
+    """A worker that died (killed, out of memory) costs the group in hand a
+    compile here, and the next compile gets a new worker."""
+    from lazy_mlir import isolated_compile
+    lazy_mlir.init("O1", cpp_wrapper=True, cache=False)
+    metrics.reset()
+    try:
+        x = torch.linspace(-2, 2, 47 * 3).reshape(3, 47)
+        results = []
+        for k, fn in enumerate((torch.cos, torch.sinh, torch.atan)):  # a group of its own each
+            if k == 1:
+                isolated_compile._worker.process.kill()
+                isolated_compile._worker.process.wait()
+            y = (fn(x.to(LAZY)) * (k + 2)).sum(0)
+            torch._lazy.mark_step()
+            results.append((y.cpu(), (fn(x) * (k + 2)).sum(0)))
+        for got, want in results:
+            torch.testing.assert_close(got, want)
+        s = metrics.snapshot()
+        assert s["isolated_compile_failures"] == 1 and s["stage_runs"].get("isolated_compile") == 2, metrics.report()
+        assert s["groups_fallen_back"] == {} and isolated_compile._worker.alive
+    finally:
+        lazy_mlir.init("O1")

@@ -11,12 +11,19 @@ C++-wrapped code, runs it once on blank inputs to plan the native call
 process calls the library from C++; Python loads the artefact only for a
 run C++ does not take (lowered_group.LoadOnFirstCall).
 
+A graph's several groups (``parallel_compile``) go in two steps: each is
+lowered to FX in the worker during the graph's first execution
+(``prepare``: the strides of its outputs), and its code is generated at the
+flush (``generate``, or in a second worker), then adopted here without the
+lowering (``adopt``).
+
 It takes static CPU groups compiled with the C++ wrapper (the native call
-needs it), without dumps (each stage is dumped where it runs) and outside
-distributed runs (collectives keep the Python wrapper). Anything the worker
-cannot take (a graph that does not survive the trip, a worker that does
-not start or dies, code without a native plan, an error of the compile
-itself) is compiled here as before, whose errors are reported as always.
+needs it), without dumps (the dumps are written by the process that runs
+the stages) and outside distributed runs (collectives keep the Python
+wrapper). Anything the worker cannot do (a graph that does not survive the
+trip, a worker that does not start or dies, a whole compile without a
+native plan, an error of the compile itself) is done here as before, whose
+errors are reported as always.
 """
 from __future__ import annotations
 
@@ -181,6 +188,9 @@ def _started_worker():
     global _worker
     if _worker is not None and _worker.alive:
         return _worker
+    if _worker is not None:  # it died: its pipes go with it
+        _worker.stop()
+        _worker.close()
     from .parallel_compile import WorkerProcess
     _worker = WorkerProcess()
     if not _worker.wait_ready():
