@@ -326,3 +326,48 @@ def test_a_dead_compile_worker_is_replaced():
         assert s["groups_fallen_back"] == {} and isolated_compile._worker.alive
     finally:
         lazy_mlir.init("O1")
+
+
+ZOO_CHILD = """
+import copy, json, sys, torch, lazy_mlir
+from lazy_mlir import metrics
+sys.path.insert(0, {zoo!r})
+import zoo
+lazy_mlir.init("O1", progress=False)  # the defaults: C++ wrapper, isolated compile, one compile worker here
+v, spec = zoo.base_variant("gpt2", dropout=0.1), zoo.SPECS["gpt2"]
+eager = zoo.make_model(v)
+lazy = copy.deepcopy(eager).to("lazy")
+losses = {{}}
+for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
+    model.train()
+    opt = spec.optimizer(model)
+    torch.manual_seed(0)  # the same dropout masks
+    losses[name] = []
+    for batch in zoo.batches(v, 3)[:3]:
+        loss = spec.loss(model, *(t.to(device) for t in batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "lazy":
+            torch._lazy.mark_step()
+        losses[name].append(loss.item())
+compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx") if m in sys.modules]
+print(json.dumps({{"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}}, default=str))
+""".format(zoo=os.path.join(os.path.dirname(os.path.abspath(__file__)), "models"))
+
+
+def test_hf_gpt2_with_dropout_compiles_in_workers(tmp_path):
+    """A model nobody here wrote, as users train it (dropout 0.1: several
+    groups a step), with the defaults: every group is compiled in a worker,
+    the training process loads none of the compiler, and it trains as eager."""
+    result = subprocess.run([sys.executable, "-c", ZOO_CHILD], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(tmp_path), "LAZY_MLIR_CPP_WRAPPER": "1",
+                                 "LAZY_MLIR_COMPILE_WORKERS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    torch.testing.assert_close(out["losses"]["lazy"], out["losses"]["eager"], rtol=1e-9, atol=1e-9)
+    s = out["metrics"]
+    assert s["groups_fallen_back"] == {} and s["fallback_count"] == 0 and s["isolated_compile_failures"] == 0, s
+    assert s["group_cache_misses"] >= 2 and s["stage_runs"].get("isolated_prepare") == s["group_cache_misses"], s
+    assert s["compiled_group_calls"] == s["group_calls"] - s["interpreted_group_calls"] > 0, s  # after the first step
+    assert out["compiler"] == [], f"HF GPT-2's training process loaded {out['compiler']}"

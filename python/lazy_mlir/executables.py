@@ -256,6 +256,7 @@ class GroupExecutable:
             return self._compile_for_layout(inputs, count_miss)
 
     def _compile_for_layout(self, inputs, count_miss):
+        new_layout = False
         for guard, key in self._layouts:
             if guard.check(*inputs):
                 break
@@ -264,9 +265,11 @@ class GroupExecutable:
                 return self._run(inputs)
             guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key())
             self._layouts.append((guard, key))
+            new_layout = True
         self.layout, self.cache_key = guard, key
         self._use(self._lowered_for(inputs, count_miss))
-        heap.give_back()  # what the compile or load (and a capture's tracing before it) freed
+        if new_layout:  # once per layout, not per switch between known ones (a trim costs page faults after it)
+            heap.give_back()  # what the compile or load (and a capture's tracing before it) freed
         return self._run_new_code(inputs)
 
     def _run_new_code(self, inputs):

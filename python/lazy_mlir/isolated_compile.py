@@ -105,9 +105,8 @@ def lower(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: con
         return None
     result = reply[1]
     metrics.record_stage("isolated_compile", time.perf_counter() - start)
-    artefact = result["artifacts"]["inductor"]
-    return LoweredGroup(LoadOnFirstCall(lambda _inputs: _load_artefact(artefact)), result["guards"],
-                        result["collective_bytes"], dict(result["artifacts"]), native=result["plan"])
+    return _adopted(result["artifacts"]["inductor"], result["plan"], result["guards"], result["collective_bytes"],
+                    result["artifacts"], cfg)
 
 
 @dataclasses.dataclass
@@ -149,9 +148,14 @@ def adopt(prepared: PreparedElsewhere, artefact: bytes, plan, cfg: config.Config
     Inductor's artefact loaded only for a run C++ does not take; without a
     plan (code C++ cannot call) loaded at its first run, which probes it
     again. Neither loads the lowering or MLIR."""
-    stored = dict(prepared.artifacts, inductor=artefact if cfg.cache_inductor else None) if cfg.cache else None
-    return LoweredGroup(LoadOnFirstCall(lambda _inputs: _load_artefact(artefact)), prepared.guards,
-                        prepared.collective_bytes, stored, native=plan)
+    return _adopted(artefact, plan, prepared.guards, prepared.collective_bytes, prepared.artifacts, cfg)
+
+
+def _adopted(artefact: bytes, plan, guards: list, collective_bytes: dict, artifacts: dict,
+             cfg: config.Config) -> LoweredGroup:
+    stored = dict(artifacts, inductor=artefact if cfg.cache_inductor else None) if cfg.cache else None
+    return LoweredGroup(LoadOnFirstCall(lambda _inputs: _load_artefact(artefact)), guards, collective_bytes, stored,
+                        native=plan)
 
 
 def _group_job(kind: str, graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> dict:
