@@ -161,6 +161,29 @@ def _trained_like_eager(tmp_path, make_model, make_opt, batches, rtol, atol, **c
         lazy_mlir.init("O1")
 
 
+def test_a_value_two_products_read_is_computed_once(any_size):
+    """A GELU output that the forward linear and the weight gradient both
+    read (an MLP block's) is computed into one buffer: Inductor's default
+    for an extern op copies an unrealized input per call, computing it twice."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from lazy_mlir.codegen import inductor
+
+    def block(x, w, dy):
+        h = torch.nn.functional.gelu(x).view(16, 8)  # as the export writes it: both read a view
+        return h @ w.t(), dy.t() @ h
+
+    x, w, dy = torch.randn(2, 8, 8), torch.randn(4, 8), torch.randn(16, 8)
+    gm = make_fx(block, tracing_mode="fake")(x, w, dy)
+    assert onednn_linear.rewrite(gm) == 2
+    fake_mode = FakeTensorMode()
+    run, code, _ = inductor.compile_graph(gm, [fake_mode.from_tensor(t) for t in (x, w, dy)], fake_mode, "shared")
+    call = code[code.index("def call"):]
+    assert call.count("empty_strided_cpu(") == 1, call  # the GELU's one buffer (a copy per product: 2)
+    for got, want in zip(run([x, w, dy]), block(x, w, dy), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python_wrapper", "cpp_wrapper"])
 def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_wrapper):
     """With Inductor's C++ wrapper (the default outside the suite) the code

@@ -17,6 +17,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from . import onednn_linear
+
 
 # Inductor fuses independent kernels ("horizontally") only when they read at
 # least this many bytes in common (its default: 10). Above the 24 bytes of
@@ -33,6 +35,7 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     kernels of a CPU graph without collectives (Config.cpp_wrapper)."""
     from torch._inductor.codecache import PyCodeCache
 
+    onednn_linear.register_with_inductor()
     loaded_before = set(PyCodeCache.modules)
     planned = collective_issue_order(gm.code)
     # With collectives, the zero passes scheduled the graph under their memory

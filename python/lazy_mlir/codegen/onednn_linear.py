@@ -97,6 +97,29 @@ def rewrite(gm: fx.GraphModule) -> int:
     return rewritten
 
 
+@functools.cache
+def register_with_inductor() -> None:
+    """Registers the ops with Inductor (before any graph that calls them is
+    compiled, cached ones included) as fallbacks whose tensor inputs are
+    realized where they are computed, then given the FX values' stride
+    order. By default Inductor copies an unrealized input into a buffer of
+    its own for each call, so a value two products read is computed twice:
+    GPT-mini's GELU output, read by the forward linear and by the backward's
+    weight gradient, was computed again in the backward (4 more GELU loops
+    over 1M elements a step)."""
+    from torch._inductor import lowering
+    from torch._inductor.ir import TensorBox
+
+    def realized_in_place(fx_node, *args, **kwargs):
+        for arg in args:
+            if isinstance(arg, TensorBox):
+                arg.realize()  # the value's own buffer (a view's base included), not a copy
+        return lowering.constrain_to_fx_strides(fx_node, *args, **kwargs)
+
+    for op in (torch.ops.lazy_mlir.onednn_linear.default, torch.ops.lazy_mlir.onednn_matmul.default):
+        lowering.make_fallback(op, layout_constraint=realized_in_place)
+
+
 def _linear(node):
     """(onednn_linear, its arguments) for ``mm(x, t(W))`` or ``addmm(bias, x,
     t(W))``, and for ``addmm(bias, x, B)``, a linear whose weight is stored
