@@ -5,10 +5,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import lazy_mlir
 from lazy_mlir import metrics
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt  # noqa: F401 - make_adamw re-exported
 
 LAZY = torch.device("lazy")
+CPU = torch.device("cpu")
 
 # Small enough for a 2-core CI machine, same structure as DESIGN.md's GPT-mini.
 SMALL_GPT = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size=32, batch_size=4)
@@ -145,3 +147,20 @@ class DropoutMLP(nn.Module):
         h = F.dropout(F.gelu(self.fc1(x)), 0.3)
         h = F.dropout(torch.tanh(self.fc2(h)), 0.3)
         return F.cross_entropy(self.fc3(h), y)
+
+
+def trained_like_eager(tmp_path, make_model, make_opt, batches, rtol, atol, **config) -> str:
+    """Trains ``make_model`` compiled anew (no cache; an earlier test's graph
+    would run its code) and eagerly; checks the numbers and that generated
+    code ran; returns that code as dumped."""
+    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False, **config)
+    try:
+        lazy_mlir._C.clear_computation_cache()
+        metrics.reset()
+        eager = train(make_model, make_opt, batches, CPU)
+        lazy = train(make_model, make_opt, batches, LAZY)
+        assert_same_training(eager, lazy, rtol=rtol, atol=atol)
+        assert_compiled(calls=len(batches))
+        return "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
+    finally:
+        lazy_mlir.init("O1")

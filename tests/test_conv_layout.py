@@ -3,7 +3,8 @@
 update, traced to one graph as a lazy_mlir group holds it, compiled by
 Inductor with and without the marks. With them no float activation is kept
 contiguous beside its channels-last copy; the step computes eager's
-numbers, and every output keeps its layout (a returned activation too)."""
+numbers, and every output keeps its layout (a returned activation too).
+On the lazy device, a conv net's group is compiled with the marks."""
 import re
 
 import pytest
@@ -13,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lazy_mlir.codegen import conv_layout, inductor
+from helpers import image_batches, make_convnet, sgd_momentum, trained_like_eager
 
 aten = torch.ops.aten
 
@@ -95,3 +97,12 @@ def test_a_graph_without_convolutions_is_left_as_it_is():
     assert conv_layout.rewrite(gm, [fake_mode.from_tensor(torch.randn(4, 8)), fake_mode.from_tensor(torch.randn(8, 2))],
                                fake_mode) == 0
     assert gm.code == before
+
+
+def test_a_conv_net_trains_as_eager_with_its_convolutions_marked(tmp_path):
+    trained_like_eager(tmp_path, make_convnet, sgd_momentum, image_batches(steps=3), 1e-5, 1e-6)
+    exports = [p.read_text() for p in tmp_path.glob("*.4.export.fx.txt")]
+    assert exports
+    for exported in exports:  # each step graph's group: its two convolutions marked
+        assert exported.count("aten.convolution.default(") == 2, exported
+        assert exported.count("memory_format = torch.channels_last") == 2, exported

@@ -8,14 +8,11 @@ import pytest
 import torch
 import torch.fx as fx
 
-import lazy_mlir
 from lazy_mlir import metrics
 from lazy_mlir.codegen import onednn_linear
-from helpers import (LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd, small_gpt,
-                     small_gpt_batches, train)
+from helpers import make_adamw, make_mlp, mlp_batches, sgd, small_gpt, small_gpt_batches, trained_like_eager
 
 aten = torch.ops.aten
-CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -144,23 +141,6 @@ def test_other_dtypes_devices_and_scaled_products_stay_mkl(any_size):
     assert onednn_linear.rewrite(_graph(_scaled)) == 0
 
 
-def _trained_like_eager(tmp_path, make_model, make_opt, batches, rtol, atol, **config) -> str:
-    """Trains ``make_model`` compiled anew (no cache; an earlier test's graph
-    would run its code) and eagerly; checks the numbers and that generated
-    code ran; returns that code as dumped."""
-    lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False, **config)
-    try:
-        lazy_mlir._C.clear_computation_cache()
-        metrics.reset()
-        eager = train(make_model, make_opt, batches, CPU)
-        lazy = train(make_model, make_opt, batches, LAZY)
-        assert_same_training(eager, lazy, rtol=rtol, atol=atol)
-        assert_compiled(calls=len(batches))
-        return "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
-    finally:
-        lazy_mlir.init("O1")
-
-
 def test_a_value_two_products_read_is_computed_once(any_size):
     """A GELU output that the forward linear and the weight gradient both
     read (an MLP block's) is computed into one buffer: Inductor's default
@@ -189,7 +169,7 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_
     """With Inductor's C++ wrapper (the default outside the suite) the code
     calls the ops through aoti_torch_call_dispatcher, from C++ after each
     group's first run."""
-    generated = _trained_like_eager(tmp_path, make_mlp, sgd, mlp_batches(steps=4), 1e-5, 1e-6, cpp_wrapper=cpp_wrapper)
+    generated = trained_like_eager(tmp_path, make_mlp, sgd, mlp_batches(steps=4), 1e-5, 1e-6, cpp_wrapper=cpp_wrapper)
     # the MLP's three forward linears and two input gradients (the first layer's input needs none)
     linear, matmul = ("lazy_mlir::onednn_linear", "lazy_mlir::onednn_matmul") if cpp_wrapper else \
         ("lazy_mlir.onednn_linear", "lazy_mlir.onednn_matmul")
@@ -228,5 +208,5 @@ def test_small_gpt_trains_as_eager_with_every_product_on_onednn(tmp_path, any_si
     """Attention's bmm (operands transposed by the trace's views) and the
     weight gradients as matmuls, the linears as inner products, in one
     compiled step against eager."""
-    generated = _trained_like_eager(tmp_path, small_gpt, make_adamw, small_gpt_batches(steps=3), 1e-4, 1e-5)
+    generated = trained_like_eager(tmp_path, small_gpt, make_adamw, small_gpt_batches(steps=3), 1e-4, 1e-5)
     assert "extern_kernels.bmm" not in generated and "lazy_mlir.onednn_matmul" in generated, generated[:2000]
