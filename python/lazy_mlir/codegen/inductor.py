@@ -10,11 +10,15 @@ tracing or compiling the graph again.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 import re
 import warnings
 
 import torch
 import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import onednn_linear
@@ -25,6 +29,33 @@ from . import onednn_linear
 # Adam's per-step scalars, which every parameter's update reads: those
 # updates stay each after its gradient (lowering/fused_optimizer.py).
 FUSION_MEMORY_THRESHOLD = 32
+
+
+class _OurLowerings(CustomGraphPass):
+    """A pass that changes nothing, whose id keys Inductor's own caches on
+    this package's code generation sources: Inductor's FX-graph cache keys
+    on the graph and its config, not on lowerings registered from outside
+    (onednn_linear.register_with_inductor), so after a change to those it
+    would serve code compiled before it, into our new cache entries."""
+
+    def __call__(self, graph: fx.Graph) -> None:
+        pass
+
+    def uuid(self) -> str:
+        return _codegen_digest()
+
+
+@functools.cache
+def _codegen_digest() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for name in sorted(f for f in os.listdir(here) if f.endswith(".py")):
+        with open(os.path.join(here, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()
+
+
+_OUR_LOWERINGS = _OurLowerings()
 
 
 def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode, name: str,
@@ -42,7 +73,7 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     # budget; Inductor's peak-memory reordering would undo it (it starts
     # each gather just before its wait, and pulls optimizer updates into
     # backward, serializing every collective).
-    options = {"score_fusion_memory_threshold": FUSION_MEMORY_THRESHOLD}
+    options = {"score_fusion_memory_threshold": FUSION_MEMORY_THRESHOLD, "post_grad_custom_post_pass": _OUR_LOWERINGS}
     if planned:
         options["reorder_for_peak_memory"] = False
     if cpp_wrapper and not planned and all(t.device.type == "cpu" for t in fake_inputs):
