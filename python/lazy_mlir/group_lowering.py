@@ -123,10 +123,12 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
     if cfg.onednn_linear:  # float32 CPU products only: it reads their values' dtypes and devices
         onednn_linear.rewrite(gm)
-    conv_layout.rewrite(gm, fake_inputs, fake_mode)
+    collective_bytes = _collective_bytes(gm)
+    if not collective_bytes:  # the zero passes planned a collective group's memory in the layouts it has
+        conv_layout.rewrite(gm, fake_inputs, fake_mode)
     dump.write(name, "4.export.fx.txt", gm.code)
     artifacts = _cache_artifacts(gm, cfg) if cfg.cache or keep_graph else None  # before Inductor changes gm
-    return PreparedGroup(name, gm, fake_inputs, fake_mode, guards, _collective_bytes(gm), artifacts,
+    return PreparedGroup(name, gm, fake_inputs, fake_mode, guards, collective_bytes, artifacts,
                          symbolic is not None)
 
 

@@ -20,6 +20,8 @@ convolution's output is channels-last already), so that the values computed
 from it, and the gradients ``convolution_backward`` returns, carry
 channels-last strides, as in torch.compile's backward graph. The group's
 outputs keep the layouts they had: one that would change is copied back.
+Groups with collectives (ZeRO's) are not rewritten: the zero passes planned
+their memory with the layouts the graph has (group_lowering).
 """
 from __future__ import annotations
 
