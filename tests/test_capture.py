@@ -270,12 +270,49 @@ def test_a_forward_that_reads_values_runs_op_by_op(lazy_level):
 
     batches = fp64(mlp_batches(2))
     eager = train(make, sgd, batches, CPU)
-    with pytest.warns(UserWarning, match="ReadsValues.forward could not be recorded, it runs op by op"):
+    # the warning names the line that read the value
+    line = ReadsValues.forward.__code__.co_firstlineno + 2
+    with pytest.warns(UserWarning, match=rf"ReadsValues.forward could not be recorded, it runs op by op "
+                                         rf"\(.*, at .*test_capture.py:{line} \(forward\)\)"):
         lazy = train(make, sgd, batches, LAZY)
     assert_same_training(eager, lazy, **FP64)
     s = metrics.snapshot()
     assert s["capture_refused"] == 2 and s["captured_calls"] == 0, metrics.report()
     assert "ReadsValues" in s["capture_refusals"]
+
+
+class MakesATensor(nn.Module):
+    """A forward that builds a tensor from data on its input's device, as
+    transformers' DynamicCache does (``torch.tensor([], device=...)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x, y):
+        scale = torch.tensor([0.5], dtype=x.dtype, device=x.device)
+        return F.cross_entropy(self.fc(x) * scale, y)
+
+
+def test_a_tensor_built_from_data_records_where_a_gpu_is_seen(lazy_level, monkeypatch):
+    """With a GPU in the machine, FakeTensorMode lets ``torch.tensor(data,
+    device=...)`` build a real tensor on the device and then fakes it, which
+    it cannot do for a lazy one ("meta converter nyi", seen on an H200):
+    the capture must build it on the CPU and move it under the mode, as
+    FakeTensorMode does without a GPU."""
+    from torch._subclasses import FakeTensorMode
+    monkeypatch.setattr(FakeTensorMode, "avoid_device_init", property(lambda self: False))
+
+    def make():
+        torch.manual_seed(0)
+        return lazy_mlir.capture(MakesATensor().double())
+
+    batches = fp64(mlp_batches(2))
+    eager = train(make, sgd, batches, CPU)
+    lazy = train(make, sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_refused"] == 0 and s["captured_calls"] == 2, metrics.report()
 
 
 class KeywordInputs(nn.Module):

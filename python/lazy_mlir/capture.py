@@ -44,7 +44,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import _C, metrics, transformers_compat
+from . import _C, metrics, syncs, transformers_compat
 
 
 class CaptureError(RuntimeError):
@@ -483,7 +483,8 @@ class CapturedForward:
             try:
                 record = self._record([name for name, _ in named], state, leaves, spec)
             except Exception as error:  # noqa: BLE001 - Python that reads values, an op without a schema
-                why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                why = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}, "
+                       f"at {syncs.user_source_of(error.__traceback__)}")
                 warnings.warn(f"lazy_mlir.capture: {type(module).__name__}.forward could not be recorded, "
                               f"it runs op by op ({why})", stacklevel=2)
                 metrics.count_capture("refused", type(module).__name__, why)
@@ -511,7 +512,6 @@ class CapturedForward:
         """AOTAutograd's forward-and-backward function for this key, its
         forward recorded (its backward records at its first call)."""
         from torch._functorch.aot_autograd import aot_function
-        from torch._subclasses import FakeTensorMode
         from torch.nn.utils.stateless import _reparametrize_module
 
         module, original = self.module, self.original
@@ -546,7 +546,7 @@ class CapturedForward:
         # device makes it there, as eagerly; regions map the device to the
         # one behind it. Tensors the forward holds outside its state (a CPU
         # constant) become constants of the graph.
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fake_mode = _LazyFakeTensorMode(allow_non_fake_inputs=True)
         fakes: dict[int, torch.Tensor] = {}  # by identity: a tensor passed twice is one input
 
         def fake(t):
@@ -564,6 +564,17 @@ class CapturedForward:
             _recording.active = False
         record.aot = compiled
         return record
+
+
+class _LazyFakeTensorMode(torch._subclasses.FakeTensorMode):
+    """Fakes that never become real lazy tensors. ``torch.tensor(data,
+    device="lazy")`` in a forward (transformers' DynamicCache) is built on
+    the CPU and moved under the mode. FakeTensorMode does that only on a
+    machine without a GPU; with one, it builds the tensor on its device, or
+    runs the move for real (constant propagation), and then cannot fake
+    the real lazy tensor ("meta converter nyi")."""
+
+    avoid_device_init = True
 
 
 class CapturedFunction(torch.nn.Module):

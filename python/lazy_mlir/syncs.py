@@ -56,6 +56,16 @@ def user_source() -> str:
     return _describe(frame) if frame is not None else "source line unknown"
 
 
+def user_source_of(tb) -> str:
+    """The same for where an exception was raised: the innermost user frame of its traceback."""
+    found = None
+    while tb is not None:
+        if _is_user_frame(tb.tb_frame):
+            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+        tb = tb.tb_next
+    return found or "source line unknown"
+
+
 def eager_fallback(op_name: str) -> None:
     """One of our kernels is about to run ``op_name`` on the CPU."""
     source = user_source()
