@@ -25,9 +25,10 @@
 #            ZeRO-3 with DeepCompile and without (ZERO_ROWS, ZERO_S seconds at
 #            most; DeepSpeed from .whl/); each round's figures are logged as
 #            they come, so a run cut short keeps them
-#   zoo      benchmarks/models.py --paired on the GPU (ZOO_MODELS, default
-#            gpt2,bert,resnet): eager, torch.compile(loss + opt), the captured
-#            loss; ZOO_S seconds at most
+#   zoo      benchmarks/models.py --paired on the GPU, one process per model
+#            (ZOO_MODELS, default gpt2,resnet,bert): eager,
+#            torch.compile(loss + opt), the captured loss; ZOO_S seconds at
+#            most each
 # Most important first: a run cut short still says what matters. PHASES
 # picks some of "tests bench zero more zoo" (default: all).
 # `--build-only` stops after the build; `--pack` and `--pack-deepspeed` make
@@ -49,7 +50,7 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 # DeepSpeed's wheels for .whl/, made here with the venv's torch (its setup
 # imports torch): a wheel without prebuilt ops, and what it needs that the
-# lent machines lack (cp312 wheels).
+# lent machines lack (cp312 wheels); and our transformers pin.
 if [ "${1:-}" = "--pack-deepspeed" ]; then
   set -e
   mkdir -p .whl
@@ -57,6 +58,8 @@ if [ "${1:-}" = "--pack-deepspeed" ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl pydantic==2.14.4 \
     pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 hjson==3.1.0
+  # our transformers pin (the machines' own is older), for the zoo's HF models
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "$(grep '^transformers==' requirements.txt)"
   ls -la .whl
   exit 0
 fi
@@ -89,7 +92,7 @@ build_with() {  # $1: the compiler (cmake's Torch package also wants the CUDA to
 # cannot parse an arch like "9.0a" (seen in the machine's TORCH_CUDA_ARCH_LIST):
 # the GPU's own capability instead.
 if ls .whl/*.whl > /dev/null 2>&1; then
-  step "deepspeed from .whl"
+  step "deepspeed and transformers from .whl"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ds_site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/ds_site" DS_SKIP_CUDA_CHECK=1 \
     && export TORCH_CUDA_ARCH_LIST="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')" \
@@ -151,10 +154,11 @@ grep -B2 -A8 "^GPT-mini" "$OUT/zero.txt" || { grep "ms/step, loss" "$OUT/zero.tx
 
 phase more && for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_mlir_O1}; do bench "$row"; done
 
-# The zoo's small models on the GPU: the captured loss against torch.compile(loss + opt)
-phase zoo && { step zoo
-(cd benchmarks && timeout "${ZOO_S:-240}" python3 models.py --paired --block 5 --steps 20 --warmup 5 \
-   --models "${ZOO_MODELS:-gpt2,bert,resnet}" --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss \
-   --json "$OUT/models.json") > "$OUT/zoo.txt" 2>&1
-grep -A12 "^Zoo training steps" "$OUT/zoo.txt" || tail -30 "$OUT/zoo.txt"; }
+# The zoo's small models on the GPU: the captured loss against torch.compile(loss + opt),
+# one process per model, so that a run cut short keeps the models done before
+phase zoo && for model in $(echo "${ZOO_MODELS:-gpt2,resnet,bert}" | tr , ' '); do step "zoo $model"
+(cd benchmarks && timeout "${ZOO_S:-150}" python3 models.py --paired --block 5 --steps 20 --warmup 5 \
+   --models "$model" --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss \
+   --json "$OUT/models.$model.json") > "$OUT/zoo.$model.txt" 2>&1
+grep -A6 "^Zoo training steps" "$OUT/zoo.$model.txt" || tail -20 "$OUT/zoo.$model.txt"; done
 step done
