@@ -262,3 +262,52 @@ def test_a_stored_variant_is_named_by_all_it_holds(tmp_path):
     shape_generic._read_stored("family-x", cfg)
     assert [v.template for v in shape_generic._generic["family-x"]] == [[2]]
     shape_generic.clear()
+
+
+class BatchNormNet(nn.Module):
+    """A strided convolution, BatchNorm in training mode (its running
+    variance scales by n/(n-1), a float of the image size; its
+    num_batches_tracked counts steps) and a global pool: a CNN's step."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x, y):
+        h = torch.relu(self.bn(self.conv(x)))
+        return nn.functional.cross_entropy(self.fc(h.mean((2, 3))), y)
+
+
+def test_a_batchnorm_cnn_compiles_once_for_later_image_sizes(fresh):
+    torch.manual_seed(0)
+    model = BatchNormNet().double()
+    lazy_model = BatchNormNet().double()
+    lazy_model.load_state_dict(model.state_dict())
+    lazy_model.to(LAZY)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 3, s, s, generator=g, dtype=torch.float64), torch.randint(0, 5, (2,), generator=g))
+               for s in (16, 16, 24, 32)]
+    results = []
+    for m, device in ((model, torch.device("cpu")), (lazy_model, LAZY)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        losses, steps = [], []
+        for x, y in batches:
+            metrics.reset()
+            loss = m(x.to(device), y.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+                steps.append(metrics.snapshot())
+            losses.append(loss.item())
+        results.append((torch.tensor(losses), {n: t.cpu() for n, t in m.state_dict().items()}, steps))
+    (eager_losses, eager_state, _), (lazy_losses, lazy_state, steps) = results
+    torch.testing.assert_close(lazy_losses, eager_losses, rtol=1e-12, atol=1e-12)
+    for name, t in eager_state.items():  # the running statistics and the step count too
+        torch.testing.assert_close(lazy_state[name], t, rtol=1e-12, atol=1e-12, msg=name)
+    assert [s["generic_failed"] for s in steps] == [0, 0, 0, 0]
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0]
+    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 1]

@@ -490,6 +490,7 @@ class GroupExecutable:
         """Records the variant now serving these inputs (recompiles)."""
         recompiles.add_variant(self._family, self.graph, self.name, inputs, guards, self.describe, self.cfg,
                                self.cfg.key())
+        shape_generic.note_baked(self.graph, inputs, self.cfg, guards)
 
     def _compile_failed(self, exc: Exception) -> None:
         # A warning that the user's filter raised as an error (-W error: a

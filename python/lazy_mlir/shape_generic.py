@@ -196,6 +196,7 @@ _observed: dict[str, list[Sighting]] = {}  # family -> sizes seen (the first MAX
 _generic: dict[str, list[GenericGroup]] = {}
 _families_read: set[str] = set()  # families whose variants in the cache folder were read
 _given_up: set[str] = set()  # families whose generic compile failed: static from then on
+_baked: dict[str, set[int]] = {}  # family -> scalar inputs its compiled variants baked in
 MAX_OBSERVATIONS = 16
 
 
@@ -351,14 +352,26 @@ def plan(sighting: Sighting, inputs: list[torch.Tensor]):
         if generic is None:
             return None
         template.append(generic)
+    # A varying integer scalar that the static code baked in (an arange's
+    # end) holds a size: it needs an expression. One the code reads at run
+    # time stays an input, whatever it holds (BatchNorm's
+    # num_batches_tracked counts steps; two sizes would "explain" any two
+    # values).
     scalar_exprs = {}
     for i in sighting.scalars:
         values = [o.scalars[i] for o in points]
-        if len(set(values)) > 1:
+        if len(set(values)) > 1 and i in _baked.get(sighting.family, ()):
             scalar_exprs[i] = explain(values, sizes)
             if scalar_exprs[i] is None:
                 return None
     return dynamic, template, scalar_exprs
+
+
+def note_baked(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config, guards) -> None:
+    """Remembers which scalar inputs a compiled variant of the group baked
+    into its code (its guards), for ``plan``."""
+    if guards and enabled(cfg):
+        _baked.setdefault(family(graph, inputs, cfg), set()).update(i for i, _ in guards)
 
 
 def _generalize(values: list, sizes):
@@ -425,3 +438,4 @@ def clear() -> None:
     _generic.clear()
     _families_read.clear()
     _given_up.clear()
+    _baked.clear()

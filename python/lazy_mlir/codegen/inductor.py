@@ -10,6 +10,7 @@ tracing or compiling the graph again.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -84,20 +85,8 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for node, fake in zip(placeholders, fake_inputs):
             node.meta["val"] = fake
-    compiled = artefact = None
-    if serializable:
-        compiled = _standalone(gm, fake_inputs, fake_mode, options)
-        artefact = _serialize(compiled) if compiled is not None else None
-    if compiled is None:  # not serializable, or standalone_compile refused the graph
-        try:
-            compiled = _compile_fx(gm, fake_inputs, fake_mode, options)
-        except Exception as exc:
-            if not options.get("cpp_wrapper"):
-                raise
-            warnings.warn(f"lazy_mlir: Inductor's C++ wrapper failed for {name} ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}); it gets the Python wrapper",
-                          RuntimeWarning, stacklevel=2)
-            compiled = _compile_fx(gm, fake_inputs, fake_mode, dict(options, cpp_wrapper=False))
+    with _python_floats_of_sizes_kept(fake_inputs):
+        compiled, artefact = _compile(gm, fake_inputs, fake_mode, options, name, serializable)
     new_modules = [m for m in PyCodeCache.modules if m not in loaded_before]
     code = "\n\n".join(_source_of(m) for m in new_modules)
     # The zero passes chose when each collective starts: Inductor keeps that
@@ -112,6 +101,51 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         return list(compiled(*inputs))
 
     return run, code, artefact
+
+
+def _compile(gm, fake_inputs, fake_mode, options, name, serializable):
+    """(the compiled callable, its serialized artefact or None)."""
+    compiled = artefact = None
+    if serializable:
+        compiled = _standalone(gm, fake_inputs, fake_mode, options)
+        artefact = _serialize(compiled) if compiled is not None else None
+    if compiled is None:  # not serializable, or standalone_compile refused the graph
+        try:
+            compiled = _compile_fx(gm, fake_inputs, fake_mode, options)
+        except Exception as exc:
+            if not options.get("cpp_wrapper"):
+                raise
+            warnings.warn(f"lazy_mlir: Inductor's C++ wrapper failed for {name} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); it gets the Python wrapper",
+                          RuntimeWarning, stacklevel=2)
+            compiled = _compile_fx(gm, fake_inputs, fake_mode, dict(options, cpp_wrapper=False))
+    return compiled, artefact
+
+
+@contextlib.contextmanager
+def _python_floats_of_sizes_kept(fake_inputs):
+    """A shape-generic graph's Python floats of sizes (BatchNorm's running
+    variance scales by n/(n-1)) left to Inductor's own symbolic code. AOT's
+    pass that turns them into tensor ops (tensorify_python_scalars) looks
+    each size symbol up among the graph's nodes: Dynamo's graphs have one
+    SymInt input per symbol, ours none, so it fails with KeyError on the
+    symbol. Its only switch is an environment variable, set for the
+    compile (the process's other compiles meanwhile see it too)."""
+    if not any(isinstance(d, torch.SymInt) for t in fake_inputs for d in t.shape):
+        yield
+        return
+    before = os.environ.get(_TENSORIFY)
+    os.environ[_TENSORIFY] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[_TENSORIFY]
+        else:
+            os.environ[_TENSORIFY] = before
+
+
+_TENSORIFY = "TENSORIFY_PYTHON_SCALARS"
 
 
 def _compile_fx(gm, fake_inputs, fake_mode, options):
