@@ -85,7 +85,7 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for node, fake in zip(placeholders, fake_inputs):
             node.meta["val"] = fake
-    with _python_floats_of_sizes_kept(fake_inputs):
+    with _python_floats_of_sizes_kept():
         compiled, artefact = _compile(gm, fake_inputs, fake_mode, options, name, serializable)
     new_modules = [m for m in PyCodeCache.modules if m not in loaded_before]
     code = "\n\n".join(_source_of(m) for m in new_modules)
@@ -123,17 +123,15 @@ def _compile(gm, fake_inputs, fake_mode, options, name, serializable):
 
 
 @contextlib.contextmanager
-def _python_floats_of_sizes_kept(fake_inputs):
-    """A shape-generic graph's Python floats of sizes (BatchNorm's running
-    variance scales by n/(n-1)) left to Inductor's own symbolic code. AOT's
-    pass that turns them into tensor ops (tensorify_python_scalars) looks
-    each size symbol up among the graph's nodes: Dynamo's graphs have one
-    SymInt input per symbol, ours none, so it fails with KeyError on the
-    symbol. Its only switch is an environment variable, set for the
+def _python_floats_of_sizes_kept():
+    """Python floats of sizes (BatchNorm's running variance scales by
+    n/(n-1)) left to Inductor's own symbolic code. AOT's pass that turns
+    them into tensor ops (tensorify_python_scalars) looks each size symbol
+    up among the graph's nodes: Dynamo's graphs have one SymInt input per
+    symbol, ours none, so a shape-generic graph failed with KeyError on a
+    size symbol. A static graph has no such floats: the pass changes
+    nothing there. Its only switch is an environment variable, set for the
     compile (the process's other compiles meanwhile see it too)."""
-    if not any(isinstance(d, torch.SymInt) for t in fake_inputs for d in t.shape):
-        yield
-        return
     before = os.environ.get(_TENSORIFY)
     os.environ[_TENSORIFY] = "0"
     try:
