@@ -226,9 +226,9 @@ def test_parameters_own_their_buffers_unless_aliased(lazy_level):
 
 
 @pytest.mark.parametrize("auto_prepare", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="known bug (found 2026-11-28): with auto_prepare, the first read of a BatchNorm "
+    strict=True, reason="known bug (found 2026-11-28): with auto_prepare, the first direct read of a BatchNorm "
                         "running statistic after a training step returns its value before the step; a second "
-                        "read returns the right one"))])
+                        "read, or one through detach() (state_dict), returns the right one"))])
 def test_batchnorm_running_stats_read_once_after_a_step_equal_eagers(lazy_level, monkeypatch, auto_prepare):
     monkeypatch.setattr(lazy_mlir.config.current, "auto_prepare", auto_prepare)
     torch.manual_seed(0)
