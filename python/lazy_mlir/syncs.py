@@ -44,8 +44,8 @@ def _is_user_frame(frame) -> bool:
     return not filename.startswith(INTERNAL_DIRS) and not filename.startswith("<")
 
 
-def _describe(frame) -> str:
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+def _describe(frame, line: int | None = None) -> str:
+    return f"{frame.f_code.co_filename}:{line or frame.f_lineno} ({frame.f_code.co_name})"
 
 
 def user_source() -> str:
@@ -61,7 +61,7 @@ def user_source_of(tb) -> str:
     found = None
     while tb is not None:
         if _is_user_frame(tb.tb_frame):
-            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+            found = _describe(tb.tb_frame, tb.tb_lineno)
         tb = tb.tb_next
     return found or "source line unknown"
 
