@@ -40,6 +40,12 @@ def test_explain_finds_the_simplest_expression():
     assert explain([8, 12, 14], [((0, 1), [8, 12, 20])]) is None
     expr = SizeExpr(((0, 0), (0, 1)), scale=2, offset=-1)
     assert expr.value([(3, 4)]) == 23 and str(expr) == "in0.size(0)*in0.size(1)*2-1"
+    # three padded stride-2 convolutions give ceil(s/8): sizes 16 and 24 read
+    # it as s//8; a third size (20 -> 3) tells the two apart
+    assert explain([2, 3], [((0, 2), [16, 24])]) == SizeExpr(((0, 2),), divisor=8)
+    ceiling = explain([2, 3, 3], [((0, 2), [16, 24, 20])])
+    assert ceiling == SizeExpr(((0, 2),), divisor=8, shift=7) and str(ceiling) == "(in0.size(2)+7)//8"
+    assert [ceiling.value_of(x) for x in (17, 28, 32, 33)] == [3, 4, 4, 5]
 
 
 class Tagger(nn.Module):
@@ -307,3 +313,52 @@ def test_a_batchnorm_cnn_compiles_once_for_later_image_sizes(fresh):
     assert [s["generic_failed"] for s in steps] == [0, 0, 0, 0]
     assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0]
     assert [s["generic_hits"] for s in steps] == [0, 0, 0, 1]
+
+
+class StridedNet(nn.Module):
+    """Three padded stride-2 convolutions (a ResNet's stem and stages): the
+    backward's size constants are ceil(s/8), ceil(s/4), ceil(s/2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c, 4, 3, stride=2, padding=1) for c in (3, 4, 4))
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x, y):
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return nn.functional.cross_entropy(self.fc(x.mean((2, 3))), y)
+
+
+def test_a_strided_cnn_compiles_once_more_when_a_size_tells_ceiling_from_floor(fresh):
+    """16 and 24 are divisible by 8, so the generic compile at 24 writes the
+    constants as s//8; 20 gives ceil(20/8) = 3, which it does not admit: one
+    more generic compile, with (s+7)//8, serves 28 and 17. Before the
+    ceiling form, 20, 28 and 17 each compiled static."""
+    g = torch.Generator().manual_seed(0)
+    sizes = (16, 16, 24, 20, 28, 17)
+    batches = [(torch.randn(2, 3, s, s, generator=g, dtype=torch.float64), torch.randint(0, 5, (2,), generator=g))
+               for s in sizes]
+    steps = []
+
+    def make():
+        torch.manual_seed(0)
+        return StridedNet().double()
+
+    def after_step(i):
+        steps.append(metrics.snapshot())
+        metrics.reset()
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+
+    eager = train(make, sgd, batches, torch.device("cpu"))
+    metrics.reset()
+    lazy = train(make, sgd, batches, LAZY, after_step=after_step)
+    assert_same_training(eager, lazy, rtol=1e-12, atol=1e-12)
+    for s in steps:
+        assert_compiled(s)
+    assert [s["generic_failed"] for s in steps] == [0] * 6
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 1, 0, 0]
+    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 1, 1]
+    assert [s["stage_runs"].get("codegen", 0) for s in steps] == [1, 0, 1, 1, 0, 0]  # 28, 17: nothing compiled

@@ -8,8 +8,8 @@ their inputs' sizes. The first size compiles static code. At a second size
 the group is compiled once more, shape-generic: every input dim whose size
 changed becomes a symbol, and every size constant that changed is written as
 an expression of those symbols that explains both sizes (``s``, ``s*k``,
-``s//k``, ``s+k``, ``s*t*k``...). Inductor then generates code for any size
-its shape guards admit.
+``s//k``, ``(s+k-1)//k``, ``s+k``, ``s*t*k``...). Inductor then generates
+code for any size its shape guards admit.
 
 Serving a later size is checked, never assumed: the group's structure (its
 size constants left out), dtypes, devices and aliasing must be the same; every
@@ -51,17 +51,18 @@ fake_inputs_of = lowering_function("fake_inputs_of")
 
 @dataclasses.dataclass(frozen=True)
 class SizeExpr:
-    """``prod(input sizes at dims) * scale // divisor + offset``."""
+    """``(prod(input sizes at dims) * scale + shift) // divisor + offset``."""
     dims: tuple[tuple[int, int], ...]  # (input index, dim)
     scale: int = 1
     divisor: int = 1
     offset: int = 0
+    shift: int = 0  # divisor - 1: a ceiling quotient (padded strided convolutions)
 
     def value(self, shapes) -> int:
         return self.value_of(math.prod(shapes[i][d] for i, d in self.dims))
 
     def value_of(self, product: int) -> int:
-        return product * self.scale // self.divisor + self.offset
+        return (product * self.scale + self.shift) // self.divisor + self.offset
 
     def to_fx(self, converter):
         """Its FX nodes in ``ts_to_fx``'s converter (sym_size, operator calls)."""
@@ -70,6 +71,8 @@ class SizeExpr:
             node = converter.int_call(operator.mul, node, converter.sym_size(i, d))
         if self.scale != 1:
             node = converter.int_call(operator.mul, node, self.scale)
+        if self.shift:
+            node = converter.int_call(operator.add, node, self.shift)
         if self.divisor != 1:
             node = converter.int_call(operator.floordiv, node, self.divisor)
         if self.offset:
@@ -79,6 +82,7 @@ class SizeExpr:
     def __str__(self):
         text = "*".join(f"in{i}.size({d})" for i, d in self.dims)
         text += f"*{self.scale}" if self.scale != 1 else ""
+        text = f"({text}+{self.shift})" if self.shift else text
         text += f"//{self.divisor}" if self.divisor != 1 else ""
         return text + (f"{self.offset:+d}" if self.offset else "")
 
@@ -87,14 +91,17 @@ def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -
     """The simplest expression that gives ``values`` (one per observation)
     from the varying ``sizes`` ((input, dim), one value per observation): a
     multiple or an exact quotient of one size or of a product of two
-    (``B*T``), else an integer affine function of one size (``2*s - 2``: a
-    shifted sequence flattened with its batch of 2). It must fit every
-    observation; two always fit some affine function, so whether it holds
-    at a new size is checked there (``GenericGroup.admits``)."""
+    (``B*T``), else a ceiling quotient of one size (``(s+7)//8``: three
+    padded stride-2 convolutions, which two sizes divisible by 8 read as
+    ``s//8`` and a third size tells apart), else an integer affine function
+    of one size (``2*s - 2``: a shifted sequence flattened with its batch
+    of 2). It must fit every observation; two always fit some affine
+    function, so whether it holds at a new size is checked there
+    (``GenericGroup.admits``)."""
     singles = [((dim,), seen) for dim, seen in sizes]
     pairs = [((a[0], b[0]), [x * y for x, y in zip(a[1], b[1])]) for k, a in enumerate(sizes) for b in sizes[k + 1:]]
     tries = [(_multiple, base) for base in singles + pairs] + [(_quotient, base) for base in singles + pairs]
-    tries += [(_affine, base) for base in singles]
+    tries += [(_ceiling_quotient, base) for base in singles] + [(_affine, base) for base in singles]
     for form, (dims, seen) in tries:
         candidate = form(dims, seen, values)
         if candidate is not None and all(candidate.value_of(x) == v for x, v in zip(seen, values)):
@@ -118,6 +125,16 @@ def _quotient(dims, seen: list[int], values: list[int]) -> SizeExpr | None:
     if not values[0] or seen[0] % values[0] or seen[0] // values[0] < 2:
         return None
     return SizeExpr(dims, divisor=seen[0] // values[0])
+
+
+def _ceiling_quotient(dims, seen: list[int], values: list[int]) -> SizeExpr | None:
+    """``ceil(s / d)``, with ``d`` the quotient at an observation it divides."""
+    for x, v in zip(seen, values):
+        if v and not x % v and x // v >= 2:
+            d = x // v
+            if all(-(-y // d) == w for y, w in zip(seen, values)):
+                return SizeExpr(dims, divisor=d, shift=d - 1)
+    return None
 
 
 @dataclasses.dataclass
