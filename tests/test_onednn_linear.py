@@ -94,6 +94,60 @@ def test_a_weight_stored_in_by_out_is_a_linear_too(any_size):
         torch.testing.assert_close(out, x @ w.t() + bias)
 
 
+@pytest.fixture
+def timings(monkeypatch):
+    """Replaces the stopwatch: each product's (MKL, oneDNN) seconds are
+    taken from ``timings[0]``; the calls are counted in ``timings[1]``."""
+    state = [(1.0, 1.0), []]
+
+    def median_seconds(mkl, onednn):
+        state[1].append((mkl, onednn))
+        return state[0]
+
+    monkeypatch.setattr(onednn_linear, "_median_seconds", median_seconds)
+    monkeypatch.setattr(onednn_linear, "_measured", {})
+    return state
+
+
+@pytest.mark.parametrize("mkl, onednn, rewritten", [(1.0, 0.5, 3), (1.0, 0.98, 0), (1.0, 1.5, 0)])
+def test_measured_products_go_where_they_run_faster(any_size, timings, mkl, onednn, rewritten):
+    """On an AVX2-only EPYC MKL beat oneDNN on every GPT-mini linear: by
+    default each product is timed and goes to oneDNN only if it wins by
+    MIN_GAIN (a tie stays MKL's). One timing per sizes and strides: the
+    three linears of _forward are two signatures (with and without bias)."""
+    timings[0] = (mkl, onednn)
+    gm = _graph(_forward)
+    assert onednn_linear.rewrite(gm, measured=True) == rewritten
+    assert len(timings[1]) == 2
+    assert onednn_linear.rewrite(_graph(_forward), measured=True) == rewritten and len(timings[1]) == 2  # remembered
+    x, w, dy, bias = torch.randn(8, 4), torch.randn(3, 4), torch.randn(8, 3), torch.randn(3)
+    for got in gm(x, w, dy, bias)[1:]:
+        torch.testing.assert_close(got, x @ w.t() + bias)
+
+
+def test_the_stopwatch_times_both_kernels_on_the_products_layouts(any_size, monkeypatch):
+    """The real timing: a Conv1D weight (stored [in, out]) and a weight
+    gradient, each timed once with both candidates computing the same product."""
+    monkeypatch.setattr(onednn_linear, "_measured", {})
+    calls = []
+    median_seconds = onednn_linear._median_seconds
+
+    def checked(mkl, onednn):
+        torch.testing.assert_close(mkl(), onednn())
+        calls.append(1)
+        return median_seconds(mkl, onednn)
+
+    monkeypatch.setattr(onednn_linear, "_median_seconds", checked)
+    rewritten = onednn_linear.rewrite(_graph(_conv1d), measured=True)
+    measured = onednn_linear.measured_products()
+    assert len(measured) == len(calls) == 2  # the weight as t(w), and as t(B) of a contiguous B: other strides
+    assert all(mkl > 0 and onednn > 0 for mkl, onednn in measured.values())
+    assert rewritten == sum(onednn < onednn_linear.MIN_GAIN * mkl for mkl, onednn in measured.values())
+    if MATMUL_USABLE:
+        onednn_linear.rewrite(_graph(_backward), measured=True)
+        assert len(calls) == 4  # the input gradient's linear, the weight gradient's matmul
+
+
 def test_small_products_stay_mkl():
     assert onednn_linear.rewrite(_graph(_forward)) == 0  # 8 x 4 x 3 multiply-adds
 
@@ -180,7 +234,8 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_
     """With Inductor's C++ wrapper (the default outside the suite) the code
     calls the ops through aoti_torch_call_dispatcher, from C++ after each
     group's first run."""
-    generated = trained_like_eager(tmp_path, make_mlp, sgd, mlp_batches(steps=4), 1e-5, 1e-6, cpp_wrapper=cpp_wrapper)
+    generated = trained_like_eager(tmp_path, make_mlp, sgd, mlp_batches(steps=4), 1e-5, 1e-6, cpp_wrapper=cpp_wrapper,
+                                   onednn_linear="on")
     # the MLP's three forward linears and two input gradients (the first layer's input needs none)
     linear, matmul = ("lazy_mlir::onednn_linear", "lazy_mlir::onednn_matmul") if cpp_wrapper else \
         ("lazy_mlir.onednn_linear", "lazy_mlir.onednn_matmul")
@@ -223,5 +278,6 @@ def test_small_gpt_trains_as_eager_with_every_product_on_onednn(tmp_path, any_si
     """Attention's bmm (operands transposed by the trace's views) and the
     weight gradients as matmuls, the linears as inner products, in one
     compiled step against eager."""
-    generated = trained_like_eager(tmp_path, small_gpt, make_adamw, small_gpt_batches(steps=3), 1e-4, 1e-5)
+    generated = trained_like_eager(tmp_path, small_gpt, make_adamw, small_gpt_batches(steps=3), 1e-4, 1e-5,
+                                   onednn_linear="on")
     assert "extern_kernels.bmm" not in generated and "lazy_mlir.onednn_matmul" in generated, generated[:2000]

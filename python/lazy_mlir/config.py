@@ -96,8 +96,10 @@ class Config:
     # A CPU group's large float32 matrix products on oneDNN instead of MKL:
     # linears (forward, input gradient) on its inner product, weight
     # gradients and bmm on its matmul primitive (codegen/onednn_linear).
-    # LAZY_MLIR_ONEDNN_LINEAR=0 turns it off.
-    onednn_linear: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_ONEDNN_LINEAR", True))
+    # "auto": each product where oneDNN is measured faster on this machine;
+    # "on": every one; "off": none (LAZY_MLIR_ONEDNN_LINEAR=auto, 1 or 0).
+    onednn_linear: str = dataclasses.field(default_factory=lambda: _onednn_choice(
+        os.environ.get("LAZY_MLIR_ONEDNN_LINEAR", "auto")))
     # On a GPU, replay a group's generated code as one CUDA graph from its
     # second run on (lazy_mlir.cuda_graphs): one launch instead of one per
     # kernel. LAZY_MLIR_CUDA_GRAPHS=0 turns it off.
@@ -148,6 +150,8 @@ class Config:
             raise RuntimeError(f"lazy_mlir: device='cuda', but {why} (torch.cuda.is_available() is False); "
                                "use device='cpu', or set up on a machine with an NVIDIA GPU (make setup "
                                "installs the CUDA build of torch there)")
+        if self.onednn_linear not in ONEDNN_CHOICES:
+            raise ValueError(f"lazy_mlir: onednn_linear must be one of {ONEDNN_CHOICES}, got {self.onednn_linear!r}")
         if self.dynamic not in ("auto", "static"):
             raise ValueError(f"lazy_mlir: dynamic must be 'auto' or 'static', got {self.dynamic!r}")
         if self.codegen not in CODEGENS:
@@ -164,6 +168,14 @@ class Config:
 
     def logs(self, topic: str) -> bool:
         return topic in {t.strip() for t in self.log.split(",")}
+
+
+ONEDNN_CHOICES = ("auto", "on", "off")
+
+
+def _onednn_choice(value: str) -> str:
+    value = value.strip().lower()
+    return {"": "auto", "1": "on", "true": "on", "0": "off", "false": "off", "no": "off"}.get(value, value)
 
 
 def _env_flag(name: str, default: bool) -> bool:

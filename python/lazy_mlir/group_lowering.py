@@ -121,8 +121,8 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
                           fake_inputs if symbolic is not None else None)
     if cfg.donated_inputs and symbolic is None:  # outputs written into dead inputs' buffers
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
-    if cfg.onednn_linear:  # float32 CPU products only: it reads their values' dtypes and devices
-        onednn_linear.rewrite(gm)
+    if cfg.onednn_linear != "off":  # float32 CPU products only: it reads their values' dtypes and devices
+        onednn_linear.rewrite(gm, measured=cfg.onednn_linear == "auto")
     collective_bytes = _collective_bytes(gm)
     if not collective_bytes:  # the zero passes planned a collective group's memory in the layouts it has
         conv_layout.rewrite(gm, fake_inputs, fake_mode)

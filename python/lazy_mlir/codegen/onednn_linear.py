@@ -21,11 +21,21 @@ leaves to the dispatcher; their kernels are C++ (runtime/onednn_ops.cpp),
 so that the generated code's calls run no Python and take no GIL. Only
 float32 products from a size on are rewritten: below it, oneDNN's cost per
 call loses.
+
+Which library is faster depends on the CPU: on an AMD EPYC with AVX2 alone,
+MKL's sgemm beat oneDNN's inner product on every GPT-mini linear (0-15%).
+So by default (``Config.onednn_linear == "auto"``) each product is timed
+with both, on random tensors of its sizes and strides, when a group that
+holds it compiles (once per product and process), and goes to oneDNN only
+if oneDNN is faster there by ``MIN_GAIN``; ``"on"`` rewrites every eligible
+product unmeasured.
 """
 from __future__ import annotations
 
 import functools
 import math
+import statistics
+import time
 
 import torch
 import torch.fx as fx
@@ -64,10 +74,18 @@ MIN_MULTIPLY_ADDS = 2 ** 25
 MIN_MATMUL_MULTIPLY_ADDS = 2 ** 25
 
 
-def rewrite(gm: fx.GraphModule) -> int:
+# In "auto" mode oneDNN takes a product only when its median time is below
+# this fraction of MKL's: a tie stays with MKL (torch.compile's choice).
+MIN_GAIN = 0.97
+_TIMED_RUNS, _WARMUP_RUNS = 7, 2
+_measured: dict[tuple, tuple[float, float]] = {}  # product signature -> (MKL's, oneDNN's) median seconds
+
+
+def rewrite(gm: fx.GraphModule, measured: bool = False) -> int:
     """Rewrites ``gm``'s float32 CPU products in place: linears (forwards,
     input gradients) into ``onednn_linear``, the other ``mm`` (weight
-    gradients) and ``bmm`` into ``onednn_matmul``; returns how many."""
+    gradients) and ``bmm`` into ``onednn_matmul``; with ``measured``, only
+    those that oneDNN runs faster on this machine. Returns how many."""
     if not torch.backends.mkldnn.is_available():  # a torch built without oneDNN
         return 0
     graph, rewritten = gm.graph, 0
@@ -82,9 +100,14 @@ def rewrite(gm: fx.GraphModule) -> int:
             replacement = _matmul(node)
         else:
             continue
-        if replacement is None:
+        if replacement is None or (measured and not onednn_is_faster(*replacement)):
             continue
         target, args = replacement
+        if isinstance(args[1], _TransposeOf):  # addmm(bias, x, B): the weight is t(B)
+            with graph.inserting_before(node):
+                weight = graph.call_function(aten.t.default, (args[1].node,))
+            weight.meta["val"] = args[1].val
+            args = (args[0], weight, args[2])
         with graph.inserting_before(node):
             product = graph.call_function(target, args)
         product.meta = dict(node.meta)
@@ -144,11 +167,7 @@ def _linear(node):
         return None
     if not _at_least(MIN_MULTIPLY_ADDS, *_val(x).shape, w.shape[0]):
         return None
-    if weight is None:
-        with node.graph.inserting_before(node):
-            weight = node.graph.call_function(aten.t.default, (b,))
-        weight.meta["val"] = w
-    return torch.ops.lazy_mlir.onednn_linear.default, (x, weight, bias)
+    return torch.ops.lazy_mlir.onednn_linear.default, (x, weight if weight is not None else _TransposeOf(b, w), bias)
 
 
 def _matmul(node):
@@ -162,6 +181,53 @@ def _matmul(node):
     if not _at_least(MIN_MATMUL_MULTIPLY_ADDS, *_val(a).shape, _val(b).shape[-1]):
         return None
     return torch.ops.lazy_mlir.onednn_matmul.default, (a, b)
+
+
+class _TransposeOf:
+    """t(``node``), inserted only if the product is rewritten (``val``: its value)."""
+
+    def __init__(self, node: fx.Node, val: torch.Tensor):
+        self.node, self.val = node, val
+
+
+def onednn_is_faster(target, args) -> bool:
+    """Whether oneDNN runs the product ``target(*args)`` (a rewritten one:
+    ``onednn_linear``'s or ``onednn_matmul``'s FX arguments) faster than
+    MKL runs the original on this machine, at this process's thread count,
+    by ``MIN_GAIN``. Timed once per sizes and strides, on random tensors,
+    the two taking turns, each run after a cache flush (as in a step, whose
+    other kernels evict the operands)."""
+    vals = [a.val if isinstance(a, _TransposeOf) else _val(a) for a in args]
+    signature = (str(target), torch.get_num_threads(),
+                 tuple(None if v is None else (tuple(v.shape), tuple(v.stride())) for v in vals))
+    if signature not in _measured:
+        tensors = [None if v is None else torch.empty_strided(v.shape, v.stride()).normal_() for v in vals]
+        if target is torch.ops.lazy_mlir.onednn_linear.default:
+            x, w, bias = tensors
+            mkl = (lambda: torch.mm(x, w.t())) if bias is None else (lambda: torch.addmm(bias, x, w.t()))
+        else:
+            mkl = functools.partial(torch.matmul, *tensors)
+        _measured[signature] = _median_seconds(mkl, functools.partial(target, *tensors))
+    mkl_seconds, onednn_seconds = _measured[signature]
+    return onednn_seconds < MIN_GAIN * mkl_seconds
+
+
+def _median_seconds(*candidates) -> tuple[float, ...]:
+    flush = torch.empty(32 << 20, dtype=torch.uint8)
+    times = [[] for _ in candidates]
+    for run in range(_WARMUP_RUNS + _TIMED_RUNS):
+        for fn, taken in zip(candidates, times):
+            flush.fill_(run)
+            start = time.perf_counter()
+            fn()
+            if run >= _WARMUP_RUNS:
+                taken.append(time.perf_counter() - start)
+    return tuple(statistics.median(t) for t in times)
+
+
+def measured_products() -> dict[tuple, tuple[float, float]]:
+    """The products timed so far: signature -> (MKL's, oneDNN's) median seconds."""
+    return dict(_measured)
 
 
 @functools.cache
