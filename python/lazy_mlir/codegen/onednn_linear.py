@@ -23,7 +23,7 @@ float32 products from a size on are rewritten: below it, oneDNN's cost per
 call loses.
 
 Which library is faster depends on the CPU: on an AMD EPYC with AVX2 alone,
-MKL's sgemm beat oneDNN's inner product on every GPT-mini linear (0-15%).
+MKL's sgemm beat oneDNN's inner product on most GPT-mini linears (by up to 15%).
 So by default (``Config.onednn_linear == "auto"``) each product is timed
 with both, on random tensors of its sizes and strides, when a group that
 holds it compiles (once per product and process), and goes to oneDNN only
