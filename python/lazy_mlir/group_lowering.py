@@ -30,7 +30,7 @@ from torch_mlir import ir
 from . import config, donation, dump, metrics, portable_graph
 from .codegen import conv_layout, inductor, onednn_linear
 from .lowered_group import LoweredGroup
-from .lowering import export_graph, import_graph
+from .lowering import export_graph, import_graph, symbolic_metas
 from .lowering.ts_to_fx import ts_graph_to_fx
 
 
@@ -210,6 +210,7 @@ def fake_inputs_of(inputs: list, dynamic=frozenset()) -> tuple[FakeTensorMode, l
     if not dynamic:
         fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
         return fake_mode, [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+    symbolic_metas.install()
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False))
     fakes = []
     for i, t in enumerate(inputs):

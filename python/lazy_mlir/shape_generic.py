@@ -93,7 +93,9 @@ def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -
     multiple or an exact quotient of one size or of a product of two
     (``B*T``), else a ceiling quotient of one size (``(s+7)//8``: three
     padded stride-2 convolutions, which two sizes divisible by 8 read as
-    ``s//8`` and a third size tells apart), else an integer affine function
+    ``s//8`` and a third size tells apart), else a quotient plus a
+    constant (``H*W//256 + 1``: a ViT's patches and its class token), else
+    an integer affine function
     of one size (``2*s - 2``: a shifted sequence flattened with its batch
     of 2). It must fit every observation; two always fit some affine
     function, so whether it holds at a new size is checked there
@@ -101,7 +103,8 @@ def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -
     singles = [((dim,), seen) for dim, seen in sizes]
     pairs = [((a[0], b[0]), [x * y for x, y in zip(a[1], b[1])]) for k, a in enumerate(sizes) for b in sizes[k + 1:]]
     tries = [(_multiple, base) for base in singles + pairs] + [(_quotient, base) for base in singles + pairs]
-    tries += [(_ceiling_quotient, base) for base in singles] + [(_affine, base) for base in singles]
+    tries += [(_ceiling_quotient, base) for base in singles] + [(_offset_quotient, base) for base in singles + pairs]
+    tries += [(_affine, base) for base in singles]
     for form, (dims, seen) in tries:
         candidate = form(dims, seen, values)
         if candidate is not None and all(candidate.value_of(x) == v for x, v in zip(seen, values)):
@@ -135,6 +138,15 @@ def _ceiling_quotient(dims, seen: list[int], values: list[int]) -> SizeExpr | No
             if all(-(-y // d) == w for y, w in zip(seen, values)):
                 return SizeExpr(dims, divisor=d, shift=d - 1)
     return None
+
+
+def _offset_quotient(dims, seen: list[int], values: list[int]) -> SizeExpr | None:
+    """``s // d + c``, ``d`` from two observations' differences."""
+    pairs = [(x, v) for x, v in zip(seen, values) if x != seen[0]]
+    if not pairs or pairs[0][1] == values[0] or (pairs[0][0] - seen[0]) % (pairs[0][1] - values[0]):
+        return None
+    d = (pairs[0][0] - seen[0]) // (pairs[0][1] - values[0])
+    return SizeExpr(dims, divisor=d, offset=values[0] - seen[0] // d) if d >= 2 else None
 
 
 @dataclasses.dataclass
