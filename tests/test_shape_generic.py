@@ -333,20 +333,18 @@ class StridedNet(nn.Module):
         return nn.functional.cross_entropy(self.fc(x.mean((2, 3))), y)
 
 
-def test_a_strided_cnn_compiles_once_more_when_a_size_tells_ceiling_from_floor(fresh):
-    """16 and 24 are divisible by 8, so the generic compile at 24 writes the
-    constants as s//8; 20 gives ceil(20/8) = 3, which it does not admit: one
-    more generic compile, with (s+7)//8, serves 28 and 17. Before the
-    ceiling form, 20, 28 and 17 each compiled static."""
+def _image_steps_like_eager(model_cls, sizes) -> dict[str, list]:
+    """Trains ``model_cls`` (fp64, SGD) at each image size, lazily and
+    eagerly; checks they match and that every step ran generated code;
+    returns per-step counts of generic failures, compiles, hits and codegens."""
     g = torch.Generator().manual_seed(0)
-    sizes = (16, 16, 24, 20, 28, 17)
     batches = [(torch.randn(2, 3, s, s, generator=g, dtype=torch.float64), torch.randint(0, 5, (2,), generator=g))
                for s in sizes]
     steps = []
 
     def make():
         torch.manual_seed(0)
-        return StridedNet().double()
+        return model_cls().double()
 
     def after_step(i):
         steps.append(metrics.snapshot())
@@ -359,12 +357,20 @@ def test_a_strided_cnn_compiles_once_more_when_a_size_tells_ceiling_from_floor(f
     metrics.reset()
     lazy = train(make, sgd, batches, LAZY, after_step=after_step)
     assert_same_training(eager, lazy, rtol=1e-12, atol=1e-12)
-    for s in steps:
-        assert_compiled(s)
-    assert [s["generic_failed"] for s in steps] == [0] * 6
-    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 1, 0, 0]
-    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 1, 1]
-    assert [s["stage_runs"].get("codegen", 0) for s in steps] == [1, 0, 1, 1, 0, 0]  # 28, 17: nothing compiled
+    for step in steps:
+        assert_compiled(step)
+    return {"failed": [t["generic_failed"] for t in steps], "generic": [t["generic_compiles"] for t in steps],
+            "hits": [t["generic_hits"] for t in steps], "codegen": [t["stage_runs"].get("codegen", 0) for t in steps]}
+
+
+def test_a_strided_cnn_compiles_once_more_when_a_size_tells_ceiling_from_floor(fresh):
+    """16 and 24 are divisible by 8, so the generic compile at 24 writes the
+    constants as s//8; 20 gives ceil(20/8) = 3, which it does not admit: one
+    more generic compile, with (s+7)//8, serves 28 and 17. Before the
+    ceiling form, 20, 28 and 17 each compiled static."""
+    counts = _image_steps_like_eager(StridedNet, (16, 16, 24, 20, 28, 17))
+    assert counts == {"failed": [0] * 6, "generic": [0, 0, 1, 1, 0, 0], "hits": [0, 0, 0, 0, 1, 1],
+                      "codegen": [1, 0, 1, 1, 0, 0]}  # 28, 17: nothing compiled
 
 
 class InterpolatedPositions(nn.Module):
@@ -394,29 +400,6 @@ def test_interpolated_position_embeddings_compile_once_for_later_image_sizes(fre
     passes equal integer scalars as one input, another graph: sizes whose
     patch grid is 4 or 8, the position grid's size or the width, would
     start a family of their own.)"""
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(2, 3, s, s, generator=g, dtype=torch.float64), torch.randint(0, 5, (2,), generator=g))
-               for s in (24, 24, 36, 44, 52)]
-    steps = []
-
-    def make():
-        torch.manual_seed(0)
-        return InterpolatedPositions().double()
-
-    def after_step(i):
-        steps.append(metrics.snapshot())
-        metrics.reset()
-
-    def sgd(model):
-        return torch.optim.SGD(model.parameters(), lr=0.1)
-
-    eager = train(make, sgd, batches, torch.device("cpu"))
-    metrics.reset()
-    lazy = train(make, sgd, batches, LAZY, after_step=after_step)
-    assert_same_training(eager, lazy, rtol=1e-12, atol=1e-12)
-    for s in steps:
-        assert_compiled(s)
-    assert [s["generic_failed"] for s in steps] == [0] * 5
-    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0, 0]
-    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 1, 1]
-    assert [s["stage_runs"].get("codegen", 0) for s in steps] == [1, 0, 1, 0, 0]
+    counts = _image_steps_like_eager(InterpolatedPositions, (24, 24, 36, 44, 52))
+    assert counts == {"failed": [0] * 5, "generic": [0, 0, 1, 0, 0], "hits": [0, 0, 0, 1, 1],
+                      "codegen": [1, 0, 1, 0, 0]}
