@@ -193,8 +193,7 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
       hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=[" + pattern + "]"));
     } else {
       a.constant = torch::jit::toIValue(value, formal.type());
-      hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name()));
-      hash = torch::lazy::HashCombine(hash, hashConstant(a.constant));
+      hash = hashConstantArgument(hash, formal.name(), a.constant);
     }
     arguments.push_back(std::move(a));
   }
@@ -209,16 +208,29 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
     TORCH_CHECK(flat == static_cast<int64_t>(num_outputs), "lazy_mlir: ", qualified_name, ": list sizes give ",
                 flat, " outputs, got ", num_outputs, " shapes");
   }
-  const c10::Symbol op = c10::Symbol::fromQualString(qualified_name);
+  return {makeBuiltinNode(c10::Symbol::fromQualString(qualified_name), operand_values, std::move(shapes),
+                          std::move(arguments), list_sizes, hash),
+          *device};
+}
+
+torch::lazy::NodePtr makeBuiltinNode(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
+                                     std::vector<torch::lazy::Shape>&& shapes,
+                                     std::vector<BuiltinOpNode::Argument>&& arguments,
+                                     const std::vector<int64_t>& list_sizes, torch::lazy::hash_t hash) {
   torch::lazy::NodePtr node = reuseFromTrie<BuiltinOpNode>([&](const BuiltinOpNode& candidate) {
-    return candidate.CanBeReused(op, operand_values, shapes, list_sizes, hash);
+    return candidate.CanBeReused(op, operands, shapes, list_sizes, hash);
   });
   if (node == nullptr) {
-    node = torch::lazy::MakeNode<BuiltinOpNode>(op, operand_values, std::move(shapes), std::move(arguments),
-                                                list_sizes, hash);
+    node = torch::lazy::MakeNode<BuiltinOpNode>(op, operands, std::move(shapes), std::move(arguments), list_sizes,
+                                                hash);
     torch::lazy::CacheNode(node);
   }
-  return {node, *device};
+  return node;
+}
+
+torch::lazy::hash_t hashConstantArgument(torch::lazy::hash_t hash, const std::string& name,
+                                         const c10::IValue& constant) {
+  return torch::lazy::HashCombine(torch::lazy::HashCombine(hash, torch::lazy::Hash(name)), hashConstant(constant));
 }
 
 std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const std::string& overload,

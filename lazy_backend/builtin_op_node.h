@@ -64,6 +64,21 @@ torch::lazy::TSOpVector lowerBuiltinCall(const std::shared_ptr<torch::jit::Graph
 // doubles by their bits as well.
 torch::lazy::hash_t hashConstant(const c10::IValue& constant);
 
+// A constant argument's part of a node's hash, after `hash`: its name, then
+// hashConstant. traceBuiltin hashes each constant so, and a C++ kernel that
+// builds a BuiltinOpNode itself must too: equal calls, equal nodes.
+torch::lazy::hash_t hashConstantArgument(torch::lazy::hash_t hash, const std::string& name,
+                                         const c10::IValue& constant);
+
+// The BuiltinOpNode of `op` on `operands`, reused from the IR trie where an
+// equal one exists (ir_reuse.h). `hash` starts from the qualified name and
+// overload ("aten::sin.default") and takes each constant argument by
+// hashConstantArgument, in schema order.
+torch::lazy::NodePtr makeBuiltinNode(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
+                                     std::vector<torch::lazy::Shape>&& shapes,
+                                     std::vector<BuiltinOpNode::Argument>&& arguments,
+                                     const std::vector<int64_t>& list_sizes, torch::lazy::hash_t hash);
+
 // The schema of `name` ("aten::sin") and `overload` ("default" or e.g. "Tensor").
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload);
 

@@ -17,6 +17,7 @@
 #include "ir_reuse.h"
 #include "functional_update.h"
 #include "graph_clusterer.h"
+#include "batch_norm_kernel.h"
 #include "fill_kernels.h"
 #include "leaf_grads.h"
 #include "meta_kernels.h"
@@ -131,6 +132,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
         "Lazy kernels for ones_like, zeros_like, full_like, zero and zero_ (an expanded scalar), slice_backward and "
         "select_backward (see fill_kernels.h).");
+  m.def("register_batch_norm_kernel", &lazy_mlir::registerBatchNormKernel,
+        "A Lazy kernel for a training native_batch_norm that traces its running statistics' update (see "
+        "batch_norm_kernel.h).");
   m.def("register_value_read_kernels", &lazy_mlir::registerValueReadKernels,
         "A Lazy kernel for _local_scalar_dense that syncs every live tensor first when the value read depends on "
         "random draws (see value_reads.h).");

@@ -838,29 +838,11 @@ def _register_explicit_weight(op) -> None:
 
 
 def _register_running_stats_written(op) -> None:
-    """LTC traces a training ``native_batch_norm`` as one node whose IR
-    leaves the running statistics untouched: they were updated only as a
-    side effect of the TorchScript (or compiled) kernel writing into its
-    input buffers. That update was lost when nothing read the node (a
-    forward under no_grad whose output is dropped), applied twice when a
-    read executed the node before mark_step executed it again, and read
-    stale from LTC's host copy of a tensor synced before the step. Trace
-    the functional variant as one node instead, and copy its new running
-    statistics into theirs: an update the graph computes like any other."""
-    ltc = torch.library.get_kernel(op, "Lazy")
-    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
-    functional = aten._native_batch_norm_legit_functional.default
-
-    def kernel(input, weight, bias, running_mean, running_var, training, momentum, eps):
-        if not training or running_mean is None or running_var is None:  # nothing written
-            return ltc.call_boxed(keys, input, weight, bias, running_mean, running_var, training, momentum, eps)
-        out, save_mean, save_invstd, new_mean, new_var = trace_builtin(
-            functional, (input, weight, bias, running_mean, running_var, True, momentum, eps), {})
-        running_mean.copy_(new_mean)
-        running_var.copy_(new_var)
-        return out, save_mean, save_invstd
-
-    _LIB.impl("native_batch_norm", kernel, "Lazy")
+    """LTC's training ``native_batch_norm`` left the running statistics out of
+    its IR (updated only as its kernel's side effect: lost, applied twice or
+    read stale); a C++ kernel traces the functional variant and gives them
+    its new values (lazy_backend/batch_norm_kernel.h)."""
+    _C.register_batch_norm_kernel()
     _REPLACED.add(_qualified(op))
 
 
