@@ -294,18 +294,31 @@ def _bn_forward_under_no_grad(dev, x, read_loss):
     return bn
 
 
+def _bn_eval_forward(dev, x, read_loss):
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(3).double()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(1, 2)
+    bn = bn.to(dev).eval()  # LTC's own kernel: nothing written
+    bn.output = bn(x.to(dev))
+    return bn
+
+
 @pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
-@pytest.mark.parametrize("case", ["step", "step, loss read first", "no_grad forward"])
+@pytest.mark.parametrize("case", ["step", "step, loss read first", "no_grad forward", "eval forward"])
 def test_batchnorm_running_stats_are_updated_once_per_forward(lazy_level, case):
     """LTC's training native_batch_norm updated the running statistics only
     as a side effect of its kernel writing into its inputs: lost when nothing
     read the node, applied twice when a loss read ran it before mark_step,
-    and read stale (zeros) once after a step with auto_prepare."""
+    and read stale (zeros) once after a step with auto_prepare. Eval mode
+    runs LTC's kernel, kept under ours."""
     assert "aten::native_batch_norm" in lazy_kernels.replaced_ops()
     x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
-    run = _bn_forward_under_no_grad if case == "no_grad forward" else _bn_training_step
+    run = {"no_grad forward": _bn_forward_under_no_grad, "eval forward": _bn_eval_forward}.get(case, _bn_training_step)
     eager, lazy = run("cpu", x, "read" in case), run(LAZY, x, "read" in case)
     torch._lazy.mark_step()
+    if case == "eval forward":
+        torch.testing.assert_close(lazy.output.cpu(), eager.output, rtol=1e-12, atol=1e-12)
     for name in ("running_mean", "running_var", "num_batches_tracked"):  # each read once, directly
         torch.testing.assert_close(getattr(lazy, name).cpu(), getattr(eager, name), rtol=1e-12, atol=1e-12, msg=name)
     s = metrics.snapshot()
