@@ -22,8 +22,11 @@ DEPS := $(STAMPS)/deps-$(TORCH_BUILD)
 demo: $(STAMPS)/install
 	$(BIN)/python examples/train_gpt.py
 
+# Two pytest-xdist workers, whole files each (a file's tests share their
+# compiled graphs and fixtures): the suite is mostly single-threaded compiles.
+PYTEST_WORKERS ?= 2
 test: $(STAMPS)/install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 setup: $(STAMPS)/install
 

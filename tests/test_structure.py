@@ -30,6 +30,7 @@ def test_gpt_adamw_one_execution_per_step_no_fallbacks(lazy_level):
     assert_compiled(s, calls=4)  # the steps really ran generated code
 
 
+@pytest.mark.slow  # 36 s cold; benchmarks/gpt_step.py trains this model and fails on any fallback
 def test_gpt_mini_full_size_has_no_fallbacks(lazy_level):
     """DESIGN.md's GPT-mini (nanoGPT's literal c_attn(x).split(C, dim=2)), AdamW."""
     cfg = GPTConfig()

@@ -139,7 +139,8 @@ def test_stage3_with_the_model_captured_matches_single_process(tmp_path, referen
         assert result["metrics"]["captured_calls"] == STEPS
 
 
-@pytest.mark.parametrize("budget", ["--reuse-bytes", "--prefetch-bytes"])
+# the reuse budget alone is `pytest -m slow`: the prefetch budget's re-gather takes the live copy through it
+@pytest.mark.parametrize("budget", [pytest.param("--reuse-bytes", marks=pytest.mark.slow), "--prefetch-bytes"])
 def test_stage3_reuse_keeps_gathered_parameters(budget, tmp_path, reference):
     """With a reuse budget larger than the model (or a prefetch budget: a
     re-gather prefetched while the first copy is live takes that copy),
