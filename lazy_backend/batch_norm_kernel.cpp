@@ -1,6 +1,7 @@
 #include "batch_norm_kernel.h"
 
 #include "builtin_op_node.h"
+#include "silent_warnings.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_native_batch_norm_legit.h>  // and its functional variant
@@ -123,14 +124,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> nativeBatchNorm(
   return {result(0), result(1), result(2)};
 }
 
-// Takes the dispatcher's "Overriding a previously registered kernel"
-// warning, intended here, and drops it.
-class SilentWarnings : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-SilentWarnings g_silent;
-
 }  // namespace
 
 void registerBatchNormKernel() {
@@ -139,7 +132,8 @@ void registerBatchNormKernel() {
     g_ltc_kernel = std::make_unique<c10::SafeKernelFunction>(op.getComputedKernelForDispatchKey(c10::DispatchKey::Lazy));
     // The library must outlive its registration: kept for the process.
     auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Lazy, __FILE__, __LINE__);
-    c10::WarningUtils::WarningHandlerGuard quiet(&g_silent);
+    SilentWarnings silent;  // replacing LTC's kernel is intended
+    c10::WarningUtils::WarningHandlerGuard quiet(&silent);
     library->impl("native_batch_norm", TORCH_FN(nativeBatchNorm));
     return true;
   }();

@@ -1,5 +1,7 @@
 #include "fill_kernels.h"
 
+#include "silent_warnings.h"
+
 #include <ATen/ops/full_like_native.h>
 #include <ATen/ops/ones_like_native.h>
 #include <ATen/ops/select_scatter.h>
@@ -96,13 +98,6 @@ at::Tensor selectBackward(const at::Tensor& grad, c10::SymIntArrayRef input_size
   return at::select_scatter_symint(zerosOfSizes(grad, input_sizes), grad, dim, std::move(index));
 }
 
-// Takes the warnings raised while it is installed, and drops them.
-class SilentWarnings : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-SilentWarnings g_silent;
-
 }  // namespace
 
 void registerFillKernels() {
@@ -118,7 +113,8 @@ void registerFillKernels() {
       // slicing: a causal LM's label shift, x[:, 0]; ~45 us each). Replacing
       // them is intended: the dispatcher's "Overriding a previously
       // registered kernel" warning is silenced.
-      c10::WarningUtils::WarningHandlerGuard quiet(&g_silent);
+      SilentWarnings silent;
+      c10::WarningUtils::WarningHandlerGuard quiet(&silent);
       library->impl("zero", TORCH_FN(zero));
       library->impl("zero_", TORCH_FN(zeroInPlace));
       library->impl("slice_backward", TORCH_FN(sliceBackward));
