@@ -15,7 +15,7 @@ dropout tests also check that dropout changed the eager losses (a dropout
 silently off would pass).
 
 make test runs DEFAULT (each model once; HF eager attention and dropout on
-some; the extra shapes on two); the full cartesian product (model x
+some; the extra shapes on GPT-2); the full cartesian product (model x
 attention x dropout, every shape) is marked ``zoo_full``:
 ``pytest tests/models -m zoo_full``.
 
