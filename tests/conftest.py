@@ -22,19 +22,15 @@ os.environ["LAZY_MLIR_COMPILE_WORKERS"] = "0"
 # graph, and the suite compiles hundreds: it runs with the Python wrapper,
 # test_cpp_wrapper with the C++ one (the code between the wrappers is the same).
 os.environ["LAZY_MLIR_CPP_WRAPPER"] = "0"
-# make test runs two pytest-xdist workers: one OpenMP thread each (and in
-# their children), else each worker's second thread spins at every barrier
-# on the core the other worker needs (the tiny models gain nothing from it).
+# make test runs two pytest-xdist workers: one OpenMP thread each (torch
+# reads this at import; children inherit it), else each worker's second
+# thread spins at every barrier on the core the other worker needs (the
+# tiny models gain nothing from it).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
-import torch  # noqa: E402
-
 import lazy_mlir  # noqa: E402
 from lazy_mlir import compile_cache, metrics, shape_generic  # noqa: E402
-
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
 
 # The files that take longest (3-rank ZeRO runs: ~10 min of a worker cold;
 # the model zoo's compiles: ~8) are collected first: make test's xdist

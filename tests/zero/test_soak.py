@@ -12,8 +12,8 @@ import pytest
 SOAK = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "zero_soak.py")
 
 
-# Three runs of three ranks each, about 100 s: make test runs stage 1's
-# ranks once (test_zero); this, and the long soak, are `pytest -m slow`.
+# Three runs of three ranks each, about 100 s: `pytest -m slow`. make test
+# runs stage 1's ranks once (test_zero).
 @pytest.mark.slow
 def test_short_soak(tmp_path):
     # stage 1 issues the most collectives at once: where the abort showed most
