@@ -140,24 +140,23 @@ const c10::FunctionSchema& findSchema(const std::string& name, const std::string
   return handle->schema();
 }
 
-std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
-    const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
-    const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
+    const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, std::vector<torch::lazy::Shape>&& shapes,
     const std::vector<int64_t>& list_sizes) {
-  const auto& schema = findSchema(qualified_name, overload);
+  const std::string qualified_name = schema.name();
   TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: ", qualified_name, " expects ",
               schema.arguments().size(), " arguments, got ", args.size());
 
   // The device comes from the first lazy tensor argument (or tensor list item).
   std::optional<torch::lazy::BackendDevice> device;
-  auto findDevice = [&](pybind11::handle arg) {
-    if (!device && THPVariable_Check(arg.ptr())) {
-      if (auto lt = torch::lazy::TryGetLtcTensor(unwrapped(THPVariable_Unpack(arg.ptr())))) device = lt->GetDevice();
+  auto findDevice = [&](const c10::IValue& arg) {
+    if (!device && arg.isTensor()) {
+      if (auto lt = torch::lazy::TryGetLtcTensor(arg.toTensor())) device = lt->GetDevice();
     }
   };
   for (const auto& arg : args) {
-    if (pybind11::isinstance<pybind11::list>(arg)) {
-      for (auto item : arg) findDevice(item);
+    if (arg.isList()) {
+      for (const auto& item : arg.toListRef()) findDevice(item);
     } else {
       findDevice(arg);
     }
@@ -167,38 +166,37 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
 
   std::vector<torch::lazy::Value> operand_values;
   std::vector<BuiltinOpNode::Argument> arguments;
-  torch::lazy::hash_t hash = torch::lazy::Hash(qualified_name + "." + overload);
+  const std::string& overload = schema.overload_name();
+  torch::lazy::hash_t hash = torch::lazy::Hash(qualified_name + "." + (overload.empty() ? "default" : overload));
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& formal = schema.arguments()[i];
     BuiltinOpNode::Argument a{formal.name(), formal.kwarg_only(), std::nullopt, {}};
-    pybind11::handle value = args[i];
-    auto addOperand = [&](pybind11::handle tensor) {
+    const c10::IValue& value = args[i];
+    auto addOperand = [&](const at::Tensor& tensor) {
       // Wrapped numbers and CPU scalars become device data, like LTC's own kernels do.
-      auto lt = torch::lazy::GetLtcTensorOrCreateForWrappedNumber(unwrapped(THPVariable_Unpack(tensor.ptr())), *device);
+      auto lt = torch::lazy::GetLtcTensorOrCreateForWrappedNumber(tensor, *device);
       operand_values.push_back(lt->GetIrValue());
       return operand_values.size() - 1;
     };
     const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
                              formal.type()->isSubtypeOf(*c10::ListType::ofTensors());
-    if (THPVariable_Check(value.ptr())) {
-      a.operand = addOperand(value);
-    } else if (tensor_list && !value.is_none()) {
+    if (value.isTensor()) {
+      a.operand = addOperand(value.toTensor());
+    } else if (tensor_list && value.isList()) {
       a.operand_list.emplace();
       a.list_type = formal.type();
       std::string pattern;  // which entries are None is part of the op's identity
-      for (auto item : value) {
-        a.operand_list->push_back(item.is_none() ? std::nullopt : std::optional<size_t>(addOperand(item)));
-        pattern += item.is_none() ? 'N' : 'T';
+      for (const auto& item : value.toListRef()) {
+        a.operand_list->push_back(item.isNone() ? std::nullopt : std::optional<size_t>(addOperand(item.toTensor())));
+        pattern += item.isNone() ? 'N' : 'T';
       }
       hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=[" + pattern + "]"));
     } else {
-      a.constant = torch::jit::toIValue(value, formal.type());
+      a.constant = value;
       hash = hashConstantArgument(hash, formal.name(), a.constant);
     }
     arguments.push_back(std::move(a));
   }
-  std::vector<torch::lazy::Shape> shapes;
-  for (const auto& [dtype, sizes] : outputs) shapes.emplace_back(dtype, sizes);
   const size_t num_outputs = shapes.size();
   if (!list_sizes.empty()) {
     TORCH_CHECK(list_sizes.size() == schema.returns().size(), "lazy_mlir: ", qualified_name, " has ",
@@ -211,6 +209,40 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
   return {makeBuiltinNode(c10::Symbol::fromQualString(qualified_name), operand_values, std::move(shapes),
                           std::move(arguments), list_sizes, hash),
           *device};
+}
+
+std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
+    const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
+    const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
+    const std::vector<int64_t>& list_sizes) {
+  const auto& schema = findSchema(qualified_name, overload);
+  TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: ", qualified_name, " expects ",
+              schema.arguments().size(), " arguments, got ", args.size());
+  // The arguments as the dispatcher's boxed calls carry them (what
+  // BuiltinFront, kernel_fronts.h, passes): equal calls, equal nodes.
+  std::vector<c10::IValue> values;
+  values.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& formal = schema.arguments()[i];
+    pybind11::handle value = args[i];
+    const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
+                             formal.type()->isSubtypeOf(*c10::ListType::ofTensors());
+    if (THPVariable_Check(value.ptr())) {
+      values.emplace_back(unwrapped(THPVariable_Unpack(value.ptr())));
+    } else if (tensor_list && !value.is_none()) {
+      c10::List<std::optional<at::Tensor>> items;
+      for (auto item : value) {
+        items.push_back(item.is_none() ? std::nullopt
+                                       : std::optional<at::Tensor>(unwrapped(THPVariable_Unpack(item.ptr()))));
+      }
+      values.emplace_back(std::move(items));
+    } else {
+      values.push_back(torch::jit::toIValue(value, formal.type()));
+    }
+  }
+  std::vector<torch::lazy::Shape> shapes;
+  for (const auto& [dtype, sizes] : outputs) shapes.emplace_back(dtype, sizes);
+  return buildBuiltinNode(schema, values, std::move(shapes), list_sizes);
 }
 
 torch::lazy::NodePtr makeBuiltinNode(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,

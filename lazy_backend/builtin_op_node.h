@@ -93,6 +93,15 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
                                      const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& outputs,
                                      const std::vector<int64_t>& list_sizes);
 
+// The BuiltinOpNode of `schema`'s op on `args`, one per schema argument as a
+// boxed call carries them (tensors, tensor lists, constants), with its
+// outputs' `shapes` (`list_sizes` as for BuiltinOpNode), and the device of
+// its first lazy tensor argument. traceBuiltin and BuiltinFront
+// (kernel_fronts.h) both build through it: equal calls, equal hashes.
+std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
+    const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, std::vector<torch::lazy::Shape>&& shapes,
+    const std::vector<int64_t>& list_sizes);
+
 // traceBuiltin's node and the device it is on, without a lazy tensor per
 // result (functional_update.h gives the results to tensors that exist).
 std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(

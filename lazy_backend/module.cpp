@@ -19,6 +19,8 @@
 #include "graph_clusterer.h"
 #include "batch_norm_kernel.h"
 #include "fill_kernels.h"
+#include "safe_softmax_kernel.h"
+#include "kernel_fronts.h"
 #include "leaf_grads.h"
 #include "meta_kernels.h"
 #include "optimizer_checks.h"
@@ -135,6 +137,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_batch_norm_kernel", &lazy_mlir::registerBatchNormKernel,
         "A Lazy kernel for a training native_batch_norm that traces its running statistics' update (see "
         "batch_norm_kernel.h).");
+  m.def("front_builtin_kernels", &lazy_mlir::frontBuiltinKernels, py::arg("qualified_names"),
+        "C++ fronts over these ops' Python builtin kernels: a call signature seen once builds its node in C++ "
+        "(see kernel_fronts.h).");
+  m.def("front_composite_kernels", &lazy_mlir::frontCompositeKernels, py::arg("qualified_names"),
+        "C++ fronts over these ops' Python composite kernels, which redispatch to the composite kernel once "
+        "set_composite_direct says so (see kernel_fronts.h).");
+  m.def("set_composite_direct", &lazy_mlir::setCompositeDirect, py::arg("qualified_name"), py::arg("direct"));
+  m.def("inside_direct_composite", &lazy_mlir::insideDirectComposite,
+        "Whether this thread runs a composite kernel that a C++ front called directly.");
+  m.def("register_safe_softmax_kernel", &lazy_mlir::registerSafeSoftmaxKernel,
+        "A Lazy kernel for _safe_softmax ending in the functional where (see safe_softmax_kernel.h).");
   m.def("register_value_read_kernels", &lazy_mlir::registerValueReadKernels,
         "A Lazy kernel for _local_scalar_dense that syncs every live tensor first when the value read depends on "
         "random draws (see value_reads.h).");

@@ -159,11 +159,16 @@ def test_backend_and_kernels_are_installed(lazy_level):
     lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
     lambda q, k, v, m: torch.ops.aten._safe_softmax((q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf")), -1) @ v,
 ])
-def test_masked_attention_traces_in_one_graph(lazy_level, attention):
-    """Masked/causal SDPA reaches _safe_softmax, a composite kernel that ends in
+def test_masked_attention_traces_in_one_graph(lazy_level, attention, monkeypatch):
+    """Masked/causal SDPA reaches _safe_softmax, whose composite kernel ends in
     where.self_out: LTC has no kernel for it (an eager fallback, 3 graph
-    executions per attention call) until mutable variants trace their
-    functional sibling."""
+    executions per attention call). Our _safe_softmax kernel
+    (safe_softmax_kernel.h) calls the functional where instead, without the
+    Python kernel of the out= variant."""
+    python_kernels = []
+    original = lazy_kernels._schema_arguments
+    monkeypatch.setattr(lazy_kernels, "_schema_arguments",
+                        lambda op, args, kwargs: python_kernels.append(str(op)) or original(op, args, kwargs))
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
     mask = torch.rand(5, 5) > 0.3
@@ -181,6 +186,7 @@ def test_masked_attention_traces_in_one_graph(lazy_level, attention):
     torch.testing.assert_close(out_l.cpu(), out_e)
     for lazy_leaf, eager_leaf in zip(leaves, eager_leaves):
         torch.testing.assert_close(lazy_leaf.grad.cpu(), eager_leaf.grad)
+    assert "aten.where.self_out" not in python_kernels
 
 
 def test_out_and_inplace_variants_trace_their_functional_sibling(lazy_level):
@@ -515,3 +521,59 @@ def test_fill_likes_are_one_expanded_scalar(lazy_level):
         torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
     on_cpu = torch.ones_like(lazy_x, device="cpu")  # another device: aten's composite
     assert on_cpu.device.type == "cpu" and on_cpu.sum().item() == 12
+
+
+def test_a_builtin_call_signature_seen_once_is_traced_in_cpp(lazy_level, monkeypatch):
+    """kernel_fronts.h: once the Python kernel has traced where.self for a
+    call signature, the op's C++ front builds that signature's nodes itself
+    (no Python), the same nodes: the graph hashes as the first step's. A new
+    size goes through Python once."""
+    python_calls = []
+    original = lazy_kernels.trace_builtin
+
+    def counted(op, args, kwargs):
+        python_calls.append(str(op))
+        return original(op, args, kwargs)
+
+    monkeypatch.setattr(lazy_kernels, "trace_builtin", counted)
+    hashes = []
+    for shape in [(3, 7, 11), (3, 7, 11), (3, 7, 11), (5, 13)]:  # sizes no other test uses
+        c, a, b = torch.rand(shape) > 0.5, torch.randn(shape), torch.randn(shape)
+        out = torch.where(c.to(LAZY), a.to(LAZY), b.to(LAZY)) * 2
+        hashes.append(torch._C._lazy._get_graph_hash([out]))
+        torch.testing.assert_close(out.cpu(), torch.where(c, a, b) * 2)
+        torch._lazy.mark_step()
+    assert python_calls == ["aten.where.self", "aten.where.self"]  # the first of each size
+    assert hashes[0] == hashes[1] == hashes[2] != hashes[3]
+    assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_a_composite_kernel_that_traced_once_is_called_from_cpp(lazy_level, monkeypatch):
+    """kernel_fronts.h: the Python composite kernel runs until the op's
+    composite kernel has traced on the lazy device once; then the C++ front
+    calls that kernel itself. A user's error there still surfaces as eager's."""
+    from lazy_mlir import _C
+
+    for name in ("aten::mul.Scalar", "aten::empty_like"):
+        _C.set_composite_direct(name, False)  # as before any call
+    monkeypatch.setattr(lazy_kernels, "_COMPOSITE_DIRECT", set())
+    redispatched = []
+    original = torch._ops.OpOverload.redispatch
+
+    def counted(self, keyset, *args, **kwargs):
+        redispatched.append(str(self))
+        return original(self, keyset, *args, **kwargs)
+
+    monkeypatch.setattr(torch._ops.OpOverload, "redispatch", counted)
+    x = torch.randn(4, 6)
+    for _ in range(3):
+        torch.testing.assert_close(torch.ops.aten.mul.Scalar(x.to(LAZY), 2.5).cpu(), x * 2.5)
+        empty = torch.empty_like(x.to(LAZY), dtype=torch.float64)
+        assert (empty.shape, empty.dtype, empty.device.type) == (x.shape, torch.float64, "lazy")
+    assert redispatched == ["aten.mul.Scalar", "aten.empty_like.default"]  # the first calls only
+    for t in (x, x.to(LAZY)):
+        with pytest.raises(RuntimeError, match="required rank 4 tensor to use channels_last format"):
+            torch.empty_like(t, memory_format=torch.channels_last)
+    torch.testing.assert_close(torch.ops.aten.mul.Scalar(x.to(LAZY), -1.0).cpu(), -x)  # still direct
+    assert redispatched == ["aten.mul.Scalar", "aten.empty_like.default", "aten.empty_like.default"]
+    assert metrics.snapshot()["fallback_count"] == 0

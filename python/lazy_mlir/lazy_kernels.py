@@ -81,6 +81,7 @@ _MUTABLE: set[str] = set()
 _COMPOSITE: set[str] = set()       # composite kernels run through _composite_kernel
 _COMPOSITE_REFUSED: set[str] = set()  # ... that hit a lazy-device refusal: traced another way now
 _COMPOSITE_AS_NODE: set[str] = set()  # ... that called a mutable op with no functional sibling
+_COMPOSITE_DIRECT: set[str] = set()   # ... whose C++ front calls the composite kernel itself (kernel_fronts.h)
 _UNMATCHED: set[str] = set()       # mutable ops with no functional sibling (see _unmatched_mutable_kernel)
 _REPLACED: set[str] = set()        # LTC's own kernels replaced (see LTC_REPLACED)
 _CUSTOM_LIBS: dict[str, torch.library.Library] = {}  # namespace -> our Lazy kernels for its custom ops
@@ -315,7 +316,7 @@ def _unmatched_mutable_kernel(op):
     keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
 
     def kernel(*args, **kwargs):
-        if getattr(_reentry, "composite", 0):
+        if getattr(_reentry, "composite", 0) or _C.inside_direct_composite():
             raise NotImplementedError(f"lazy_mlir: {name} {_NO_SIBLING}")
         return fallback.call_boxed(keys, *args, **kwargs)
 
@@ -556,11 +557,17 @@ def _composite_kernel(op):
         if name not in _COMPOSITE_REFUSED:
             _reentry.composite = getattr(_reentry, "composite", 0) + 1
             try:
-                return run_composite(*args, **kwargs)
+                out = run_composite(*args, **kwargs)
+                if name not in _COMPOSITE_DIRECT:  # its C++ front may call the composite kernel itself now
+                    _COMPOSITE_DIRECT.add(name)
+                    _C.set_composite_direct(name, True)
+                return out
             except (RuntimeError, NotImplementedError) as exc:
                 refused = _refusal(exc)
                 if refused is None:
                     raise  # the user's error (shapes, dtypes): eager gives it too
+                _COMPOSITE_DIRECT.discard(name)
+                _C.set_composite_direct(name, False)
                 if _NO_SIBLING in str(exc) and tensor_out:
                     _COMPOSITE_AS_NODE.add(name)
                     return _builtin_kernel(op)(*args, **kwargs)
@@ -668,6 +675,7 @@ def install() -> None:
         return
     _LIB = torch.library.Library("aten", "IMPL")
     _C.register_fill_kernels()  # before the composite ops are looked for below: these are not among them
+    _C.register_safe_softmax_kernel()  # likewise
     _C.register_value_read_kernels()  # item() of a value that depends on random draws
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
@@ -708,6 +716,10 @@ def install() -> None:
             if op is not None and _composite_candidate(op):
                 _LIB.impl(qualified[len("aten::"):], _composite_kernel(op), "Lazy")
                 _COMPOSITE.add(qualified)
+    # C++ fronts over the kernels a per-op trace calls every step (~16 us a
+    # builtin call and ~4 a composite call of Python, kernel_fronts.h)
+    _C.front_builtin_kernels(sorted(_BUILTIN))
+    _C.front_composite_kernels(sorted(_COMPOSITE))
     cover_custom_ops()
 
 
