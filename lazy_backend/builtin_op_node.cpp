@@ -132,6 +132,12 @@ at::Tensor unwrapped(const at::Tensor& tensor) {
   return at::functionalization::impl::from_functional_tensor(tensor);
 }
 
+// Tensor[] or Tensor?[]: its tensors are the node's operands.
+bool isTensorList(const c10::Argument& formal) {
+  return formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
+         formal.type()->isSubtypeOf(*c10::ListType::ofTensors());
+}
+
 }  // namespace
 
 const c10::FunctionSchema& findSchema(const std::string& name, const std::string& overload) {
@@ -143,7 +149,7 @@ const c10::FunctionSchema& findSchema(const std::string& name, const std::string
 std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
     const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, std::vector<torch::lazy::Shape>&& shapes,
     const std::vector<int64_t>& list_sizes) {
-  const std::string qualified_name = schema.name();
+  const std::string& qualified_name = schema.name();
   TORCH_CHECK(args.size() == schema.arguments().size(), "lazy_mlir: ", qualified_name, " expects ",
               schema.arguments().size(), " arguments, got ", args.size());
 
@@ -178,11 +184,9 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
       operand_values.push_back(lt->GetIrValue());
       return operand_values.size() - 1;
     };
-    const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
-                             formal.type()->isSubtypeOf(*c10::ListType::ofTensors());
     if (value.isTensor()) {
       a.operand = addOperand(value.toTensor());
-    } else if (tensor_list && value.isList()) {
+    } else if (isTensorList(formal) && value.isList()) {
       a.operand_list.emplace();
       a.list_type = formal.type();
       std::string pattern;  // which entries are None is part of the op's identity
@@ -225,11 +229,9 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> traceBuiltinNode(
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& formal = schema.arguments()[i];
     pybind11::handle value = args[i];
-    const bool tensor_list = formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
-                             formal.type()->isSubtypeOf(*c10::ListType::ofTensors());
     if (THPVariable_Check(value.ptr())) {
       values.emplace_back(unwrapped(THPVariable_Unpack(value.ptr())));
-    } else if (tensor_list && !value.is_none()) {
+    } else if (isTensorList(formal) && !value.is_none()) {
       c10::List<std::optional<at::Tensor>> items;
       for (auto item : value) {
         items.push_back(item.is_none() ? std::nullopt

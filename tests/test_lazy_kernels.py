@@ -556,7 +556,6 @@ def test_a_composite_kernel_that_traced_once_is_called_from_cpp(lazy_level, monk
 
     for name in ("aten::mul.Scalar", "aten::empty_like"):
         _C.set_composite_direct(name, False)  # as before any call
-    monkeypatch.setattr(lazy_kernels, "_COMPOSITE_DIRECT", set())
     redispatched = []
     original = torch._ops.OpOverload.redispatch
 

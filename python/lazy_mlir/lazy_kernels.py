@@ -81,7 +81,6 @@ _MUTABLE: set[str] = set()
 _COMPOSITE: set[str] = set()       # composite kernels run through _composite_kernel
 _COMPOSITE_REFUSED: set[str] = set()  # ... that hit a lazy-device refusal: traced another way now
 _COMPOSITE_AS_NODE: set[str] = set()  # ... that called a mutable op with no functional sibling
-_COMPOSITE_DIRECT: set[str] = set()   # ... whose C++ front calls the composite kernel itself (kernel_fronts.h)
 _UNMATCHED: set[str] = set()       # mutable ops with no functional sibling (see _unmatched_mutable_kernel)
 _REPLACED: set[str] = set()        # LTC's own kernels replaced (see LTC_REPLACED)
 _CUSTOM_LIBS: dict[str, torch.library.Library] = {}  # namespace -> our Lazy kernels for its custom ops
@@ -558,15 +557,12 @@ def _composite_kernel(op):
             _reentry.composite = getattr(_reentry, "composite", 0) + 1
             try:
                 out = run_composite(*args, **kwargs)
-                if name not in _COMPOSITE_DIRECT:  # its C++ front may call the composite kernel itself now
-                    _COMPOSITE_DIRECT.add(name)
-                    _C.set_composite_direct(name, True)
+                _C.set_composite_direct(name, True)  # its C++ front (kernel_fronts.h) calls the kernel itself now
                 return out
             except (RuntimeError, NotImplementedError) as exc:
                 refused = _refusal(exc)
                 if refused is None:
                     raise  # the user's error (shapes, dtypes): eager gives it too
-                _COMPOSITE_DIRECT.discard(name)
                 _C.set_composite_direct(name, False)
                 if _NO_SIBLING in str(exc) and tensor_out:
                     _COMPOSITE_AS_NODE.add(name)
