@@ -10,6 +10,7 @@
 
 #include "../runtime/compiled_group.h"
 #include "../runtime/run_stats.h"
+#include "../runtime/step_memory.h"
 #include "adam_scalars.h"
 #include "builtin_op_node.h"
 #include "device_data_pool.h"
@@ -55,6 +56,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "lazy_mlir C++ core: LTC backend, clustering, CompiledGroup binding";
   lazy_mlir::registerCompiledGroupClass();
   lazy_mlir::bindNativeEntry(m);
+  lazy_mlir::bindStepMemory(m);
 
   m.def("install", [](int level, std::string config_key) {
     TORCH_CHECK(level >= 0 && level <= 2, "lazy_mlir: level must be 0, 1 or 2");

@@ -5,6 +5,7 @@
 
 #include "../lazy_backend/buffer_donation.h"
 #include "run_stats.h"
+#include "step_memory.h"
 
 namespace lazy_mlir {
 
@@ -53,6 +54,7 @@ std::vector<const void*> protectDonated(std::vector<at::Tensor>& inputs, const s
 
 std::vector<at::Tensor> CompiledGroup::run(std::vector<at::Tensor> inputs) {
   const int64_t start = nowNs();
+  const StepMemoryScope step_memory;  // the group's large buffers are kept for the next step
   // Until the first call has returned, every donated position is offered; it
   // tells which can ever be written (lazy_mlir.donation writes an input only
   // with an output of its sizes and dtype, and this group's shapes are fixed).

@@ -39,6 +39,11 @@ struct RunStats {
   std::atomic<int64_t> step_boundaries_skipped{0};
   // Device-data nodes handed out again by the pool (device_data_pool.h).
   std::atomic<int64_t> device_data_recycled{0};
+  // Large CPU buffers of compiled groups (step_memory.h): taken from the
+  // cache, allocated anew, freed to keep the cache under the peak.
+  std::atomic<int64_t> step_memory_hits{0};
+  std::atomic<int64_t> step_memory_misses{0};
+  std::atomic<int64_t> step_memory_evicted{0};
 
   static RunStats& get();
   std::map<std::string, int64_t> snapshot() const;

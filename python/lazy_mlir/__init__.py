@@ -69,6 +69,7 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
     _C.set_ir_reuse(cfg.reuse_ir)
     _C.set_native_calls(cfg.native_calls)
+    _C.set_step_memory(cfg.step_memory)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg
 

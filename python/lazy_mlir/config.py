@@ -93,6 +93,12 @@ class Config:
     # (lazy_mlir.native_call); read at each init(), for every group.
     # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
     native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
+    # Keep the large CPU buffers compiled groups allocate (64 KiB and up) for
+    # the next step's same-sized ones, instead of glibc unmapping them and the
+    # next step faulting fresh pages in (runtime/step_memory.h; the cache never
+    # holds more than the groups' buffers' peak). LAZY_MLIR_STEP_MEMORY=0
+    # turns it off.
+    step_memory: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_STEP_MEMORY", True))
     # A CPU group's large float32 matrix products on oneDNN instead of MKL:
     # linears (forward, input gradient) on its inner product, weight
     # gradients and bmm on its matmul primitive (codegen/onednn_linear).
@@ -122,7 +128,8 @@ class Config:
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
-                   "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs")
+                   "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs",
+                   "step_memory")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

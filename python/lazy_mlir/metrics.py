@@ -285,6 +285,11 @@ def snapshot() -> dict:
         "cuda_graphs_captured": cuda_graphs.get("captured", 0),
         "cuda_graph_replays": cuda_graphs.get("replayed", 0),
         "cuda_graph_refusals": cuda_graph_refusals,
+        # large CPU buffers of compiled groups taken from last step's (runtime/step_memory.h),
+        # allocated anew, freed to keep the cache under its bound
+        "step_memory_hits": stats["step_memory_hits"],
+        "step_memory_misses": stats["step_memory_misses"],
+        "step_memory_evicted": stats["step_memory_evicted"],
         "stage_runs": stage_runs,
         "recompiles": recompiles,
         "seconds": {
