@@ -6,7 +6,7 @@ import torch.nn.functional as F
 import lazy_mlir
 
 from lazy_mlir import lazy_kernels, metrics
-from helpers import LAZY
+from helpers import CPU, LAZY
 
 
 def _lazy_leaf(t):
@@ -48,12 +48,12 @@ def test_lerp_traces_without_sync(lazy_level):
 def test_ops_with_a_decomposition_are_traced_through_it(lazy_level):
     registered = lazy_kernels.decomposed_ops()
     # ops the TS backend lacks, each with an aten-written torch._decomp entry
-    for name in ("aten::hardswish", "aten::mse_loss", "aten::nansum", "aten::floor_divide"):
+    for name in ("aten::mse_loss", "aten::nansum", "aten::floor_divide"):
         assert name in registered
     x, y = torch.randn(6, 4), torch.randn(6, 4)
     xl, yl = x.to(LAZY), y.to(LAZY)
-    results = [F.hardswish(xl), F.mse_loss(xl, yl), torch.nansum(xl, 1), torch.floor_divide(xl, yl)]
-    expected = [F.hardswish(x), F.mse_loss(x, y), torch.nansum(x, 1), torch.floor_divide(x, y)]
+    results = [F.mse_loss(xl, yl), torch.nansum(xl, 1), torch.floor_divide(xl, yl)]
+    expected = [F.mse_loss(x, y), torch.nansum(x, 1), torch.floor_divide(x, y)]
     assert metrics.snapshot()["graph_executions"] == 0
     torch._lazy.mark_step()
     for got, want in zip(results, expected):
@@ -546,6 +546,41 @@ def test_a_builtin_call_signature_seen_once_is_traced_in_cpp(lazy_level, monkeyp
     assert python_calls == ["aten.where.self", "aten.where.self"]  # the first of each size
     assert hashes[0] == hashes[1] == hashes[2] != hashes[3]
     assert metrics.snapshot()["fallback_count"] == 0
+
+
+@pytest.mark.parametrize("lazy_level", ["O1"], indirect=True)
+def test_mobile_activations_are_nodes_traced_in_cpp(lazy_level, monkeypatch):
+    """hardswish, hardsigmoid and hardtanh (ReLU6) and their backwards, which
+    the TS backend lacks, are builtin nodes, not their decompositions: after
+    a call signature's first step no Python runs for them. Values and
+    gradients as eager's, from generated code."""
+    assert {"aten::hardswish", "aten::hardswish_backward", "aten::hardsigmoid_backward",
+            "aten::hardtanh_backward"} <= set(lazy_kernels.builtin_ops())
+    python_calls = []
+    for name in ("trace_builtin", "_functionalized"):
+        original = getattr(lazy_kernels, name)
+        monkeypatch.setattr(lazy_kernels, name, lambda *a, _o=original, _n=name: python_calls.append(_n) or _o(*a))
+    x = torch.randn(7, 19) * 4  # across the kinks at -3, 0, 3 and 6 (a size no other test traces)
+
+    def grads(device):
+        t = x.to(device, copy=True).requires_grad_()
+        out = F.hardswish(t) + F.hardsigmoid(t) * 2 + F.relu6(t) * 3
+        out.sum().backward()
+        return out.detach(), t.grad
+
+    expected = grads(CPU)
+    for step in range(3):
+        got = grads(LAZY)
+        torch._lazy.mark_step()
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g.cpu(), e)
+        if step == 0:
+            first = len(python_calls)
+            assert 0 < first and "_functionalized" not in python_calls
+    assert len(python_calls) == first  # later steps: C++ fronts only
+    s = metrics.snapshot()
+    assert s["fallback_count"] == 0
+    assert s["compiled_group_calls"] >= 3 and s["groups_fallen_back"] == {}
 
 
 def test_a_composite_kernel_that_traced_once_is_called_from_cpp(lazy_level, monkeypatch):

@@ -889,6 +889,15 @@ def _cpu_batch_norm_shapes(decomposition):
 _DECOMPOSITION_WRAPPERS = {"aten::_native_batch_norm_legit_functional": _cpu_batch_norm_shapes}
 
 
+# Activations the TS backend lacks that a mobile CNN calls every step
+# (MobileNetV3 at the zoo's base size: 12 calls a step, 2.4 ms of its 8.3 ms
+# per-op trace): a decomposition's several ops, re-entering
+# functionalization in Python, cost ~0.2 ms a call, a builtin node fronted
+# in C++ (kernel_fronts.h) ~10 us. Inductor decomposes them as it compiles.
+_TRACED_AS_NODES = frozenset({"aten::hardswish", "aten::hardswish_backward", "aten::hardsigmoid_backward",
+                              "aten::hardtanh_backward"})
+
+
 def _register_functional(op) -> None:
     """Trace ``op`` through its aten-written decomposition, else as a builtin node."""
     from torch._decomp import decomposition_table
@@ -897,7 +906,7 @@ def _register_functional(op) -> None:
     decomposition = decomposition_table.get(op)
     if qualified in _DECOMPOSITION_WRAPPERS and decomposition is not None:
         decomposition = _DECOMPOSITION_WRAPPERS[qualified](decomposition)
-    if decomposition is not None and _aten_written(decomposition):
+    if decomposition is not None and _aten_written(decomposition) and qualified not in _TRACED_AS_NODES:
         _LIB.impl(qualified[len("aten::"):], _decomposed_kernel(op, decomposition), "Lazy")
         _DECOMPOSED.add(qualified)
     else:
