@@ -61,16 +61,14 @@ class StepMemory final : public c10::Allocator {
   void lockForFork() { mutex_.lock(); }
   void unlockAfterFork() { mutex_.unlock(); }
 
-  void callStarted() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++calls_;
-  }
+  void callStarted() { calls_.fetch_add(1, std::memory_order_relaxed); }
 
   // Frees the blocks that stayed cached through kMaxIdleCalls group calls:
   // sizes no group asks for any more (another batch shape, a first step's).
   void callEnded() {
     std::lock_guard<std::mutex> lock(mutex_);
-    while (!lru_.empty() && blocks_.at(lru_.front()).freed_at + kMaxIdleCalls < calls_) evictOldest();
+    const uint64_t now = calls_.load(std::memory_order_relaxed);
+    while (!lru_.empty() && blocks_.at(lru_.front()).freed_at + kMaxIdleCalls < now) evictOldest();
   }
 
   void setOn(bool on) {
@@ -92,7 +90,7 @@ class StepMemory final : public c10::Allocator {
     return {{"cached_bytes", static_cast<int64_t>(cached_)},
             {"live_bytes", static_cast<int64_t>(live_)},
             {"peak_bytes", static_cast<int64_t>(peak_)},
-            {"group_calls", static_cast<int64_t>(calls_)}};
+            {"group_calls", static_cast<int64_t>(calls_.load())}};
   }
 
  private:
@@ -152,7 +150,7 @@ class StepMemory final : public c10::Allocator {
       return;
     }
     block.lru = lru_.insert(lru_.end(), data);
-    block.freed_at = calls_;
+    block.freed_at = calls_.load(std::memory_order_relaxed);
     free_[block.size].push_back(data);
     cached_ += block.size;
   }
@@ -165,7 +163,7 @@ class StepMemory final : public c10::Allocator {
   std::unordered_map<size_t, std::vector<void*>> free_;
   std::list<void*> lru_;  // cached blocks, least recently freed first
   size_t cached_ = 0, live_ = 0, peak_ = 0;
-  uint64_t calls_ = 0;  // group calls begun (outermost scopes)
+  std::atomic<uint64_t> calls_{0};  // group calls begun (outermost scopes): no lock on the way in
 };
 
 // Never destroyed: tensors may be freed during interpreter shutdown.
