@@ -51,8 +51,9 @@ def test_steady_steps_take_every_large_buffer_from_the_last_step(lazy_level):
     s = metrics.snapshot()
     assert_same_training(eager, lazy)
     assert_compiled(s, calls=4)
-    # ~8 buffers of 64 KiB and up a step (activations, their gradients, fc1's weight and momentum)
-    assert s["step_memory_hits"] >= 4 * 4, s
+    # at least 3 buffers of 64 KiB and up a step: activations and their
+    # gradients (fc1's weight and momentum too, where not written in place)
+    assert s["step_memory_hits"] >= 3 * 4, s
     assert s["step_memory_misses"] == 0, s
 
 

@@ -77,9 +77,8 @@ class Config:
     # Buffer donation: parameters, gradients and optimizer state that a step
     # overwrites are written by the generated code into their own storage
     # when nothing else can read the old value (see lazy_mlir.donation and
-    # lazy_backend/buffer_donation.h). Off unless LAZY_MLIR_DONATE=1 (until the
-    # whole suite has run with it on).
-    donate_buffers: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_DONATE", False))
+    # lazy_backend/buffer_donation.h). LAZY_MLIR_DONATE=0 turns it off.
+    donate_buffers: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_DONATE", True))
     # Inductor's C++ wrapper (its cpp_wrapper option) around a group's CPU
     # kernels instead of the Python one: no Python per kernel call, buffer
     # allocation and size check at run time (~1 ms of a zoo model's step),

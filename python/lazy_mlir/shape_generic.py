@@ -233,7 +233,10 @@ def family(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config
     """Everything a generic variant must share with a group, sizes aside."""
     signature = tuple((str(t.dtype), str(t.device), t.dim(), same) for (_, _, _, _, same), t
                       in zip(group_key.input_signature(inputs), inputs))
-    parts = (group_key.structure(graph, abstract_sizes=True), signature, cfg.key(), group_key.environment_id())
+    # Generic code never writes into its inputs (group_lowering donates in
+    # static code only): groups of one family share it whatever they donate.
+    shared = dataclasses.replace(cfg, donated_inputs=()).key() if cfg.donated_inputs else cfg.key()
+    parts = (group_key.structure(graph, abstract_sizes=True), signature, shared, group_key.environment_id())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
