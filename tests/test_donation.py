@@ -186,3 +186,18 @@ def test_donation_off_returns_fresh_buffers():
         assert after["outputs_in_place"] == before["outputs_in_place"]
     finally:
         lazy_mlir.init("O1")
+
+
+def test_groups_are_offered_no_buffer_where_cuda_graphs_replay_them():
+    """On a GPU with CUDA graphs on, a group takes no donated buffer (a
+    donating group is never captured, and one launch is worth more there);
+    with CUDA graphs off, or on the CPU, it takes those offered."""
+    import dataclasses
+    import types
+    from lazy_mlir import config, executables
+    offered = [3, 1]
+    for device, graphs, accepted in (("cuda", True, []), ("cuda", False, [1, 3]), ("cpu", True, [1, 3])):
+        group = types.SimpleNamespace(cfg=dataclasses.replace(config.Config(), device=device, cuda_graphs=graphs,
+                                                              donate_buffers=True, ltc_thread_pool=False))
+        assert executables.GroupExecutable.offer_donation(group, offered) == accepted, (device, graphs)
+        assert group.cfg.donated_inputs == tuple(accepted)

@@ -15,7 +15,8 @@ the next step, a parameter the next step does not update), and the graph's
 own buffers are overwritten by its next replay.
 
 Not captured: groups with collectives (NCCL's own streams), with buffers
-donated to the code (written in place by design), and code that takes an
+donated to the code (written in place by design: with CUDA graphs on,
+groups are offered none), and code that takes an
 input off the GPU (a host value read at launch would be baked in). Random
 ops never reach a group (compilable.DENIED: they draw in the TorchScript
 glue, whose results are inputs). A capture that fails leaves the code
@@ -34,9 +35,16 @@ from . import metrics
 RUNS_BEFORE_CAPTURE = 2
 
 
+def wanted(cfg) -> bool:
+    """Whether groups are to be captured: then none takes donated buffers
+    (a replay reads and writes buffers of its own; one launch saves more on
+    a GPU than writing in place does)."""
+    return cfg.cuda_graphs and cfg.device == "cuda"
+
+
 def eligible(cfg, lowered) -> bool:
     """Whether a group's code may be captured (then its inputs decide, see capture)."""
-    return cfg.cuda_graphs and cfg.device == "cuda" and not lowered.collective_bytes and not cfg.donated_inputs
+    return wanted(cfg) and not lowered.collective_bytes and not cfg.donated_inputs
 
 
 class GraphedCode:

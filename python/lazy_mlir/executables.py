@@ -235,6 +235,8 @@ class GroupExecutable:
         configuration, hence of its cache key."""
         if not self.cfg.donate_buffers or self.cfg.ltc_thread_pool or not positions:
             return []  # with LTC's IO thread no buffer is ever known dead: every one would be copied
+        if cuda_graphs.wanted(self.cfg):
+            return []
         accepted = tuple(sorted(int(k) for k in positions))
         self.cfg = dataclasses.replace(self.cfg, donated_inputs=accepted)
         return list(accepted)
