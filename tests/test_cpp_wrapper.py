@@ -294,10 +294,7 @@ def test_a_graph_of_several_groups_compiles_them_in_workers(tmp_path):
     its code will return), and its code generated there or in a second
     worker at the end of it; the training process loads none of the
     compiler, and trains as eager."""
-    # Donation off: with it the second step's last group writes into one
-    # input more than the first step's (which reads it elsewhere too), so it
-    # compiles again, a fourth miss (README "Buffer donation").
-    out = _cached_child(tmp_path, "dropout", LAZY_MLIR_DONATE="0")
+    out = _cached_child(tmp_path, "dropout")
     s = out["metrics"]
     assert s["group_cache_misses"] == s["stage_runs"].get("isolated_prepare") == 3, s
     assert s["isolated_compile_failures"] == 0 and s["groups_fallen_back"] == {} and s["fallback_count"] == 0, s

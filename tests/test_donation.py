@@ -201,3 +201,17 @@ def test_groups_are_offered_no_buffer_where_cuda_graphs_replay_them():
                                                               donate_buffers=True, ltc_thread_pool=False))
         assert executables.GroupExecutable.offer_donation(group, offered) == accepted, (device, graphs)
         assert group.cfg.donated_inputs == tuple(accepted)
+
+
+def test_only_floating_point_state_is_writable():
+    """Positions that no update could take (token ids, 0-d scalars, views)
+    leave a group's donated set before its cache key is made: a group that
+    reads its batch elsewhere in its first step only (test_cpp_wrapper's
+    three-group model) then keeps one key and compiles once."""
+    from lazy_mlir import donation
+    w = torch.randn(4, 3)
+    assert donation.writable(w) and donation.writable(w.double())
+    assert not donation.writable(torch.randint(0, 5, (4, 3)))  # ids
+    assert not donation.writable(torch.tensor(2.0))  # 0-d
+    assert not donation.writable(w.t()) and not donation.writable(w[1:])  # not dense from its storage's start
+    assert not donation.writable(3.0)

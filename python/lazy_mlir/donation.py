@@ -14,8 +14,11 @@ input mutation and, for a pointwise result (AdamW's updates), computes it
 straight into the input's buffer: no allocation, no copy.
 
 An input is not donated when an output aliases it (a view of its old value
-would see the new one), when its tensor is not dense and contiguous, or when
-it is 0-d. Positions that hold one tensor (LTC passes a weight read by the
+would see the new one), when its tensor is not dense and contiguous, not
+floating-point (token ids, masks: never state a step overwrites), or when it
+is 0-d. Such positions are dropped before the group's cache key is made
+(``GroupExecutable``), so that a group reading its batch in other company in
+its first step than later keeps one key. Positions that hold one tensor (LTC passes a weight read by the
 forward and by its update twice) are read through one placeholder, so that
 Inductor orders every read of the buffer before its write.
 """
@@ -39,8 +42,12 @@ class Donation:
     output: int    # the first group output that now returns it
 
 
-def _dense(t: torch.Tensor) -> bool:
-    return (t.dim() > 0 and t.numel() > 0 and t.is_contiguous() and t.storage_offset() == 0
+def writable(t) -> bool:
+    """Whether an input could take an output: floating-point state (what a
+    step overwrites: parameters, gradients, optimizer moments), dense and
+    contiguous, not 0-d."""
+    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() > 0 and t.numel() > 0
+            and t.is_contiguous() and t.storage_offset() == 0
             and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
@@ -68,7 +75,7 @@ def write_into_inputs(gm: fx.GraphModule, positions, inputs: list) -> list[Donat
         if k >= len(placeholders) or k >= len(inputs) or not isinstance(inputs[k], torch.Tensor):
             continue
         group = same[id(inputs[k])]
-        if group[0] != k or not all(i in allowed for i in group) or not _dense(inputs[k]):
+        if group[0] != k or not all(i in allowed for i in group) or not writable(inputs[k]):
             continue
         donors[k] = group
 

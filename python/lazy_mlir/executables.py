@@ -18,7 +18,7 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (_C, background, compile_cache, config, cuda_graphs, group_key, heap, isolated_compile, metrics,
+from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile, metrics,
                native_call, parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
 
@@ -242,6 +242,9 @@ class GroupExecutable:
         return list(accepted)
 
     def _first_run(self, inputs):
+        if self.cfg.donated_inputs:  # before the cache key: positions no output can be written into
+            kept = tuple(k for k in self.cfg.donated_inputs if k < len(inputs) and donation.writable(inputs[k]))
+            self.cfg = dataclasses.replace(self.cfg, donated_inputs=kept)
         with syncs.deferring_warnings():
             try:
                 return self._for_layout(inputs)
