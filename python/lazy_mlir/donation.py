@@ -16,11 +16,12 @@ straight into the input's buffer: no allocation, no copy.
 An input is not donated when an output aliases it (a view of its old value
 would see the new one), when its tensor is not dense and contiguous, not
 floating-point (token ids, masks: never state a step overwrites), or when it
-is 0-d. Such positions are dropped before the group's cache key is made
-(``GroupExecutable``), so that a group reading its batch in other company in
-its first step than later keeps one key. Positions that hold one tensor (LTC passes a weight read by the
-forward and by its update twice) are read through one placeholder, so that
-Inductor orders every read of the buffer before its write.
+is 0-d. Those last three are dropped before the group's cache key is made
+(``GroupExecutable._first_run``): a group that reads its batch elsewhere in
+its first step only keeps one key. Positions that hold one tensor (LTC
+passes a weight read by the forward and by its update twice) are read
+through one placeholder, so that Inductor orders every read of the buffer
+before its write.
 """
 from __future__ import annotations
 
