@@ -73,10 +73,10 @@ def write_into_inputs(gm: fx.GraphModule, positions, inputs: list) -> list[Donat
         same[id(t)].append(i)
     donors: dict[int, list[int]] = {}  # representative position -> all its positions
     for k in sorted(allowed):
-        if k >= len(placeholders) or k >= len(inputs) or not isinstance(inputs[k], torch.Tensor):
+        if k >= len(placeholders) or k >= len(inputs) or not writable(inputs[k]):
             continue
         group = same[id(inputs[k])]
-        if group[0] != k or not all(i in allowed for i in group) or not writable(inputs[k]):
+        if group[0] != k or not all(i in allowed for i in group):
             continue
         donors[k] = group
 
