@@ -571,3 +571,29 @@ def test_parameter_gradients_skip_accumulate_grads_detach(lazy_level):
     set_to_none()
     assert metrics.snapshot()["captured_direct_calls"] == 5, metrics.report()
     torch._lazy.mark_step()  # nothing pending left for the next test's first graph
+
+
+def test_the_first_call_holds_no_input_and_traces_the_later_steps_graph(lazy_level):
+    """The record outlives its first call but keeps none of that call's
+    tensors: a batch still alive at mark_step is a root of the step's graph,
+    read outside its group, so the first step would trace another graph than
+    every later one (compiled again) and its batch would never be freed."""
+    import weakref
+
+    model = make_convnet().to(LAZY)  # SGD without momentum: its first step is the steady one
+    loss_of = lazy_mlir.capture(lambda x, y: model(x, y), modules=[model])
+    opt = sgd(model)
+    held, misses = [], []
+    for x, y in image_batches(3, batch=3):  # a batch size of its own: LTC's graph cache is per process
+        metrics.reset()
+        x, y = x.to(LAZY), y.to(LAZY)
+        held.append(weakref.ref(x))
+        loss_of(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+        del x, y
+        torch._lazy.mark_step()
+        misses.append(metrics.snapshot()["cache_misses"])
+        assert_compiled(calls=1)
+    assert [ref() is None for ref in held] == [True, True, True]
+    assert misses == [1, 0, 0], metrics.report()

@@ -230,7 +230,9 @@ class _Replay:
         self.gm = gm
         self.region, constants, self.positions, self.written = build_region(gm, name)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
-            self.constants = [c.to("lazy") for c in constants]
+            # device data already: a constant pending at the first replay's
+            # sync would be a root of that step's graph and of no later one
+            self.constants = [_C.device_data(c, torch.device("lazy")) for c in constants]
 
     def __call__(self, args: list):
         if getattr(_recording, "active", False):  # the graph itself, on fakes: factory ops fake too
@@ -517,9 +519,13 @@ class CapturedForward:
         module, original = self.module, self.original
         tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         label = f"{type(module).__name__}#{len(self.records)}"
+        # The record outlives this call: it keeps the call's non-tensor
+        # arguments, not its tensors (a batch held would be a root of the
+        # step's graph, read outside the groups: another graph, no donation).
+        template = [None if isinstance(x, torch.Tensor) else x for x in leaves]
 
         def flat_forward(*tensors):
-            full = list(leaves)
+            full = list(template)
             for i, t in zip(tensor_at, tensors[len(state):]):
                 full[i] = t
             args, kwargs = tree_unflatten(full, spec)
