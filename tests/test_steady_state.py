@@ -223,3 +223,25 @@ def test_parameters_own_their_buffers_unless_aliased(lazy_level):
     assert ltc_metrics.counter_value("lazy::detach_copy") == 2 * (n_params + 2)
     with torch.no_grad():
         torch.testing.assert_close(held.cpu(), model.fc1.weight.cpu(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dampening,misses", [(0.0, [1, 0, 0]), (0.5, [1, 1, 0])])
+def test_sgd_momentum_first_step_runs_the_steady_update(lazy_level, dampening, misses):
+    """SGD's first step copies the gradient into a new momentum buffer; a
+    zero buffer gives the same value through the later steps' update, so
+    without dampening the first step traces the steady graph. With
+    dampening a zero buffer would not: that run traces two graphs, and both
+    train as eagerly."""
+    from helpers import image_batches, make_convnet, train
+
+    batches = image_batches(3, batch=5 if dampening else 6)  # sizes of their own: the graph cache is per process
+
+    def make_opt(model):
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, dampening=dampening, weight_decay=1e-3)
+
+    eager = train(make_convnet, make_opt, batches, torch.device("cpu"))
+    traced = []
+    lazy = train(make_convnet, make_opt, batches, torch.device("lazy"),
+                 after_step=lambda i: (traced.append(metrics.snapshot()["cache_misses"]), metrics.reset()))
+    assert traced == misses, metrics.report()
+    assert_same_training(eager, lazy, param_atol=1e-5)

@@ -21,9 +21,12 @@ global forward pre-hook puts every module call in the
 process on ``nn.Module``'s slow path (~3 us a call: 2-3% of a small HF
 model's step), so it is installed only while a trainable parameter created
 on the lazy device (by ``.to("lazy")`` or built there) is not yet settled.
-Optimizers whose first step is different math (SGD's momentum buffer
-starts as a copy of the gradient) still trace a second graph after the
-first step.
+SGD's first step is other math: its momentum buffer starts as a copy of
+the gradient, later ones are ``buf * momentum + grad * (1 - dampening)``.
+Without dampening (the default) a zero buffer gives the gradient's value
+(a -0.0 entry becomes +0.0), so the first step is given zero buffers as
+device data and runs the steady-state update. With dampening it still
+traces a second graph after the first step.
 """
 from __future__ import annotations
 
@@ -117,10 +120,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
         with torch.no_grad():
             for p in params:
                 p.mul_(1)
-        # buffers moved like the parameters, and those built on the device: a
-        # view (GPT's causal mask of a tril) whose base would stay pending IR,
-        # traced into the first step and not the second
-        buffers = [b for b in model.buffers() if b.device.type == "lazy"]
+        buffers = _lazy_buffers(model)
         with metrics.setup_graph():
             _sync_settled(params + _C.functional_bases(params) + buffers + _C.functional_bases(buffers))
         _C.share_base_buffers(params)
@@ -129,6 +129,14 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
         settling = False
         _C.pause_ir_reuse(False)
     _C.ir_reuse_step_boundary()
+
+
+def _lazy_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Buffers moved like the parameters (pending device data until a sync
+    reads them: a root of the first step's graph only), and those built on
+    the device: a view (GPT's causal mask of a tril) whose base would stay
+    pending IR, traced into the first step and not the second."""
+    return [b for b in model.buffers() if b.device.type == "lazy"]
 
 
 def _sync_settled(tensors: list[torch.Tensor]) -> None:
@@ -162,9 +170,24 @@ def _before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     enrolled = optimizer in _state_as_data or (config.current.auto_prepare and any(
         p.device.type == "lazy" for group in optimizer.param_groups for p in group["params"]))
     if enrolled:
+        if isinstance(optimizer, torch.optim.SGD):
+            _zero_momentum_buffers(optimizer)
         mode = _StateAsDeviceData()
         mode.__enter__()
         _first_steps[optimizer] = mode
+
+
+def _zero_momentum_buffers(optimizer: torch.optim.SGD) -> None:
+    """Zero momentum buffers, as device data, for the lazy parameters that
+    have a gradient (those SGD's first step gives a buffer), where a zero
+    buffer updates to the gradient: momentum without dampening."""
+    for group in optimizer.param_groups:
+        if group.get("momentum", 0) == 0 or group.get("dampening", 0) != 0:
+            continue
+        for p in group["params"]:
+            if p.device.type == "lazy" and p.grad is not None and not p.grad.is_sparse:
+                buffer = torch.zeros(p.grad.shape, dtype=p.grad.dtype).to(p.device)
+                optimizer.state[p]["momentum_buffer"] = buffer
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
