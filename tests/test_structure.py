@@ -43,6 +43,28 @@ def test_gpt_mini_full_size_has_no_fallbacks(lazy_level):
     assert_compiled(s, calls=3)
 
 
+@pytest.mark.parametrize("lazy_level", ["O1", "O2"], indirect=True)
+def test_a_group_of_one_copy_stays_in_torchscript_at_o1(lazy_level):
+    """A graph whose one op copies a tensor (a checkpoint's detach of a
+    parameter) would compile to the copy TorchScript already runs, once per
+    tensor shape: at O1 it stays there, counted as a group left to
+    TorchScript, not a fallback. O2 compiles every graph whole."""
+    weights = [torch.randn(3, n).to(LAZY) for n in (5, 6)]
+    torch._lazy.mark_step()
+    metrics.reset()
+    for w in weights:
+        copy = w.detach()  # a graph of one detach_copy (the weight holds device data)
+        torch._lazy.mark_step()
+        assert torch.equal(copy.cpu(), w.cpu())
+    s = metrics.snapshot()
+    if lazy_level == "O1":
+        assert s["groups_built"] == 0 and s["groups_rejected"] >= 1 and s["compiles"] >= 1, metrics.report()
+        assert s["groups_fallen_back"] == {} and s["fallback_count"] == 0
+    else:
+        assert s["groups_built"] >= 1 and s["groups_rejected"] == 0, metrics.report()
+        assert_compiled(s, calls=1)
+
+
 def test_o0_builds_no_groups(lazy_level):
     lazy_mlir.init("O0")
     train(make_mlp, sgd, mlp_batches(2, batch=3), LAZY)

@@ -42,9 +42,19 @@ def _short_source(source: str) -> str:
     return f"{parts[0]}:{parts[2]} ({parts[1]})"
 
 
+# Ops that only copy their input: a group of one of them would compile to
+# the copy TorchScript already runs (checkpoints' and ZeRO's per-tensor
+# detaches compiled a group per tensor shape).
+COPY_KINDS = {"aten::detach_copy", "aten::alias_copy", "aten::clone", "aten::_to_copy", "aten::view_copy",
+              "aten::t_copy", "aten::permute_copy", "aten::expand_copy", "aten::slice_copy", "aten::select_copy"}
+
+
 def compile_group(graph: torch._C.Graph, name: str):
     if steady_state.settling:  # a setup graph of in-place mul_(1): nothing worth compiling
         return TorchScriptExecutable(graph, name, count=None)
+    ops = [n.kind() for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS]
+    if len(ops) == 1 and ops[0] in COPY_KINDS and config.current.level != "O2":
+        return None  # inlined back into the graph: it runs in TorchScript, counted as a group left there
     ops = describe_ops(graph)
     try:
         if before_build is not None:
