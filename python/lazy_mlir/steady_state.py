@@ -139,6 +139,20 @@ def _lazy_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return [b for b in model.buffers() if b.device.type == "lazy"]
 
 
+def _sync_buffers(model: torch.nn.Module) -> None:
+    """The buffers of a module whose parameters ZeRO manages, synced as
+    ``_settle`` syncs a model's."""
+    buffers = _lazy_buffers(model)
+    if buffers:
+        global settling
+        settling = True
+        try:
+            with metrics.setup_graph():
+                _sync_settled(buffers + _C.functional_bases(buffers))
+        finally:
+            settling = False
+
+
 def _sync_settled(tensors: list[torch.Tensor]) -> None:
     torch._C._lazy._sync_multi(tensors, [], True, True)
 
@@ -156,6 +170,7 @@ def _before_forward(module: torch.nn.Module, args) -> None:
         return
     if getattr(module, "_lazy_mlir_zero", None) is not None:  # ZeRO manages these parameters
         _decided(module)
+        _sync_buffers(module)
         return
     params = [p for p in _lazy_params(module) if p.requires_grad]
     if params:

@@ -84,8 +84,10 @@ def main() -> None:
         if step == args.steps - 1:
             memory = zero.memory_report(model, optimizer)
         optimizer.zero_grad(set_to_none=True)
-        torch._lazy.mark_step()
+        # detached in the step (a detach after mark_step would be a pending
+        # tensor of the next step's graph: a first step unlike the others)
         losses.append(loss.detach())  # read after the loop: reading now would run a graph
+        torch._lazy.mark_step()
     group_keys["in_steps"] = False
     snapshot = lazy_mlir.metrics.snapshot()
     snapshot["graph_executions"] -= checkpoint_executions  # the training steps' own, the checkpoint's reads aside
@@ -101,13 +103,14 @@ def main() -> None:
         model, optimizer = setup(fresh)
         optimizer.load_state_dict(saved["optimizer"])
         resumed = []
+        group_keys["in_steps"] = True  # the resumed steps: the graphs the first model compiled
         for x, y in batches[args.resume_at:]:
             loss = model(x.to("lazy"), y.to("lazy"))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            torch._lazy.mark_step()
             resumed.append(loss.detach())
+            torch._lazy.mark_step()
         result.update(resumed_losses=global_mean(resumed), resumed_state=zero.full_state_dict(model))
     torch.save(result, f"{args.out}.rank{rank}")
     dist.destroy_process_group()
@@ -117,9 +120,10 @@ def record_group_keys() -> dict:
     """The cache keys of the groups this rank looked up in its training steps
     ("used", a set: while "in_steps" is set; setting up and checkpointing
     slice at the rank) and of those it compiled itself ("compiled", a list: a
-    key twice would be a group compiled twice), for the check that ranks
-    compile each group once."""
-    keys = {"used": set(), "compiled": [], "in_steps": False}
+    key twice would be a group compiled twice; "compiled_in_steps", those of
+    the training steps), for the checks that ranks compile each group once
+    and a step's graph once."""
+    keys = {"used": set(), "compiled": [], "compiled_in_steps": [], "in_steps": False}
     lookup, store = compile_cache.lookup, compile_cache.store
 
     def looked_up(key, *args, **kwargs):
@@ -130,6 +134,8 @@ def record_group_keys() -> dict:
     def stored(key, lowered, *args, **kwargs):
         if lowered.artifacts is not None:  # compiled here (a size served by generic code stores none)
             keys["compiled"].append(key)
+            if keys["in_steps"]:
+                keys["compiled_in_steps"].append(key)
         return store(key, lowered, *args, **kwargs)
 
     compile_cache.lookup, compile_cache.store = looked_up, stored

@@ -55,5 +55,23 @@ def collective_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     if gloo.options._threads <= 1:
         return group
     _register_backend()
-    return dist.new_group(ranks=dist.get_process_group_ranks(group), backend=BACKEND,
-                          timeout=gloo.options._timeout, use_local_synchronization=True)
+    ranks = tuple(dist.get_process_group_ranks(group))
+    key = (ranks, gloo.options._timeout)
+    # One per set of ranks: a second engine (a model set up again, from a
+    # checkpoint) names the same group in its traced steps, so they are the
+    # graphs the first one compiled. Every rank asks alike (SPMD), so every
+    # rank takes the registered group or makes a new one. Found by name in
+    # torch.distributed's registry, not held here: a group destroyed since
+    # (destroy_process_group) is gone from it, and one held past it would be
+    # torn down at interpreter exit with its gloo thread still running.
+    name = _serial_group_names.get(key)
+    registered = {n: pg for pg, n in dist.distributed_c10d._world.pg_names.items()}
+    if name in registered:
+        return registered[name]
+    serial = dist.new_group(ranks=list(ranks), backend=BACKEND, timeout=gloo.options._timeout,
+                            use_local_synchronization=True)
+    _serial_group_names[key] = serial.group_name
+    return serial
+
+
+_serial_group_names: dict = {}  # (ranks, timeout) -> the name of the serial group made for them
