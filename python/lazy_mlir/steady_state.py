@@ -201,8 +201,8 @@ def _zero_momentum_buffers(optimizer: torch.optim.SGD) -> None:
             continue
         for p in group["params"]:
             if p.device.type == "lazy" and p.grad is not None and not p.grad.is_sparse:
-                buffer = torch.zeros(p.grad.shape, dtype=p.grad.dtype).to(p.device)
-                optimizer.state[p]["momentum_buffer"] = buffer
+                zeros = torch.zeros(p.grad.shape, dtype=p.grad.dtype)
+                optimizer.state[p]["momentum_buffer"] = _C.device_data(zeros, p.device)
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
