@@ -52,16 +52,15 @@ COPY_KINDS = {"aten::detach_copy", "aten::alias_copy", "aten::clone", "aten::_to
 def compile_group(graph: torch._C.Graph, name: str):
     if steady_state.settling:  # a setup graph of in-place mul_(1): nothing worth compiling
         return TorchScriptExecutable(graph, name, count=None)
-    ops = [n.kind() for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS]
-    if len(ops) == 1 and ops[0] in COPY_KINDS and config.current.level != "O2":
+    kinds = [n.kind() for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS]
+    if len(kinds) == 1 and kinds[0] in COPY_KINDS and config.current.level != "O2":
         return None  # inlined back into the graph: it runs in TorchScript, counted as a group left there
     ops = describe_ops(graph)
     try:
         if before_build is not None:
             before_build(graph, name)
-        num_ops = sum(1 for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS)
-        metrics.record_group(name, num_ops)
-        return GroupExecutable(graph, name, config.current, ops, num_ops)
+        metrics.record_group(name, len(kinds))
+        return GroupExecutable(graph, name, config.current, ops, len(kinds))
     except Exception as exc:  # noqa: BLE001 - every failure falls back to TorchScript
         report_failure(name, ops, exc)
         return None
