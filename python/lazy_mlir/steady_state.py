@@ -110,23 +110,18 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     first step would then read them unlike every later step. Then each
     parameter reads its alias's buffer, as after a step (where one output
     feeds both): the first step's group inputs then alias alike."""
-    global settling
     _decided(model)
     # IR reuse: the setup graph is traced inside the first step (from its
     # first forward), and must not change how the step traces (ir_reuse.h)
     _C.pause_ir_reuse(True)
-    settling = True
     try:
         with torch.no_grad():
             for p in params:
                 p.mul_(1)
-        buffers = _lazy_buffers(model)
-        with metrics.setup_graph():
-            _sync_settled(params + _C.functional_bases(params) + buffers + _C.functional_bases(buffers))
+        _setup_sync(params + _C.functional_bases(params) + _lazy_buffers(model))
         _C.share_base_buffers(params)
         _C.own_buffers(params)
     finally:
-        settling = False
         _C.pause_ir_reuse(False)
     _C.ir_reuse_step_boundary()
 
@@ -134,23 +129,24 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
 def _lazy_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     """Buffers moved like the parameters (pending device data until a sync
     reads them: a root of the first step's graph only), and those built on
-    the device: a view (GPT's causal mask of a tril) whose base would stay
-    pending IR, traced into the first step and not the second."""
-    return [b for b in model.buffers() if b.device.type == "lazy"]
+    the device with the bases of their views (GPT's causal mask of a tril,
+    whose pending IR would go into the first step and not the second)."""
+    buffers = [b for b in model.buffers() if b.device.type == "lazy"]
+    return buffers + _C.functional_bases(buffers)
 
 
-def _sync_buffers(model: torch.nn.Module) -> None:
-    """The buffers of a module whose parameters ZeRO manages, synced as
-    ``_settle`` syncs a model's."""
-    buffers = _lazy_buffers(model)
-    if buffers:
-        global settling
-        settling = True
-        try:
-            with metrics.setup_graph():
-                _sync_settled(buffers + _C.functional_bases(buffers))
-        finally:
-            settling = False
+def _setup_sync(tensors: list[torch.Tensor]) -> None:
+    """Syncs ``tensors`` as a setup graph: run in TorchScript (group_compiler
+    compiles nothing while ``settling``), left out of the step figures."""
+    global settling
+    if not tensors:
+        return
+    settling = True
+    try:
+        with metrics.setup_graph():
+            _sync_settled(tensors)
+    finally:
+        settling = False
 
 
 def _sync_settled(tensors: list[torch.Tensor]) -> None:
@@ -170,7 +166,7 @@ def _before_forward(module: torch.nn.Module, args) -> None:
         return
     if getattr(module, "_lazy_mlir_zero", None) is not None:  # ZeRO manages these parameters
         _decided(module)
-        _sync_buffers(module)
+        _setup_sync(_lazy_buffers(module))  # as _settle syncs a model's
         return
     params = [p for p in _lazy_params(module) if p.requires_grad]
     if params:
@@ -225,8 +221,9 @@ def _fill_value(func, args, kwargs):
 
 class _StateAsDeviceData(torch.overrides.TorchFunctionMode):
     """Tensors that an optimizer creates like a lazy parameter (zeros_like,
-    ones_like, full_like) are made on the CPU and moved: device data, as its
-    state is in every later step, instead of a constant in the graph."""
+    ones_like, full_like) are made on the CPU as device data
+    (``_C.device_data``), as its state is in every later step, instead of a
+    constant in the graph."""
 
     _CREATORS = (torch.zeros_like, torch.ones_like, torch.full_like)
 
@@ -237,5 +234,5 @@ class _StateAsDeviceData(torch.overrides.TorchFunctionMode):
             device = torch.device(kwargs.get("device") or like.device)
             if device.type == "lazy":
                 value = torch.full(like.shape, _fill_value(func, args, kwargs), dtype=kwargs.get("dtype") or like.dtype)
-                return value.to(device).requires_grad_(bool(kwargs.get("requires_grad", False)))
+                return _C.device_data(value, device).requires_grad_(bool(kwargs.get("requires_grad", False)))
         return func(*args, **kwargs)
