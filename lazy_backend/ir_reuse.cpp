@@ -1,5 +1,6 @@
 #include "ir_reuse.h"
 
+#include "pending_data.h"
 #include "device_data_pool.h"
 #include "functional_update.h"
 
@@ -187,12 +188,14 @@ bool stepBoundary(const torch::lazy::BackendDevice& device) {
 }
 
 // The backend's graph executor: LTC's, with IR reuse's clean-up after each
-// mark_step, and the live tensors' sync in functional_update's order.
+// mark_step, and the live tensors' sync in functional_update's order, less
+// those whose pending value is device data (pending_data.h).
 class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
  public:
   void SyncLiveTensorsGraph(const torch::lazy::BackendDevice* device, c10::ArrayRef<std::string> devices,
                             bool wait) override {
     auto tensors = GetLiveTensors(device);  // as LTC's own, but for the order
+    settlePendingData(tensors);
     orderUpdatedLast(tensors);
     SyncTensorsGraph(&tensors, devices, wait, /*sync_ltc_data=*/true);
   }

@@ -84,9 +84,10 @@ def main() -> None:
         if step == args.steps - 1:
             memory = zero.memory_report(model, optimizer)
         optimizer.zero_grad(set_to_none=True)
-        # detached in the step (a detach after mark_step would be a pending
-        # tensor of the next step's graph: a first step unlike the others)
-        losses.append(loss.detach())  # read after the loop: reading now would run a graph
+        # read after the loop (reading now would run a graph); detached in the
+        # step, one output of its graph (after mark_step it would share the
+        # loss's data: lazy_backend/pending_data.h)
+        losses.append(loss.detach())
         torch._lazy.mark_step()
     group_keys["in_steps"] = False
     snapshot = lazy_mlir.metrics.snapshot()
