@@ -17,12 +17,14 @@ code at interpreter exit aborts the process.
 from __future__ import annotations
 
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see submit)
+import contextlib
 import sys
 import threading
 from concurrent.futures import Future
 from typing import Callable
 
 compile_lock = threading.Lock()
+_worker = threading.local()  # .compiling: True on a worker thread while its compile runs
 _pending: dict[str, Future] = {}  # key (a group family) -> its compile, until done
 _state = threading.Lock()  # guards _pending and _workers
 _workers: list[threading.Thread] = []
@@ -45,10 +47,13 @@ def submit(key: str, compile_fn: Callable[[], object]) -> Future:
     def work():
         result = error = None
         with compile_lock:
+            _worker.compiling = True
             try:
                 result = compile_fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the step that waits for it
                 error = exc
+            finally:
+                _worker.compiling = False
         with _state:  # no longer pending before it is done: a group that sees it done compiles anew
             if _pending.get(key) is future:
                 del _pending[key]
@@ -59,6 +64,7 @@ def submit(key: str, compile_fn: Callable[[], object]) -> Future:
         else:
             future.set_result(result)
 
+    _leave_rng_alone_on_workers()
     worker = threading.Thread(target=work, name=f"lazy_mlir compile {key[:12]}", daemon=True)
     with _state:
         if not _pending:
@@ -74,6 +80,37 @@ def submit(key: str, compile_fn: Callable[[], object]) -> Future:
         _workers.append(worker)
     worker.start()
     return future
+
+
+def _leave_rng_alone_on_workers() -> None:
+    """AOTAutograd and Inductor wrap a compile in Dynamo's
+    ``preserve_rng_state``: they read the process's RNG states (CPU, CUDA)
+    at its start and set them back at its end. On a worker thread that
+    rewinds the training thread's generators: every draw it made during the
+    compile (dropout masks drawn in the glue graph, a sampler's shuffle)
+    comes again after it (seen: 549 of 631 draws repeated earlier ones, and
+    mT5 with dropout trained 0.98 off eager). On these threads it reads and
+    sets nothing: the compile of a group draws no random number (random ops
+    stay in TorchScript), as test_background_compile checks. Installed in
+    every torch module that imported it by name, before the first worker."""
+    import torch._dynamo.utils as dynamo_utils
+
+    original = dynamo_utils.preserve_rng_state
+    if getattr(original, "lazy_mlir_leaves_workers_alone", False):
+        return
+
+    @contextlib.contextmanager
+    def preserve_rng_state():
+        if getattr(_worker, "compiling", False):
+            yield
+        else:
+            with original():
+                yield
+
+    preserve_rng_state.lazy_mlir_leaves_workers_alone = True
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch") and module is not None and vars(module).get("preserve_rng_state") is original:
+            module.preserve_rng_state = preserve_rng_state
 
 
 def pending(key: str) -> Future | None:
