@@ -214,6 +214,139 @@ def _vit_loss(model, images, labels):
     return F.cross_entropy(logits, labels)
 
 
+# ------------------------------------------------- the wider zoo (zoo_full)
+# Architectures beside the ones above, each with what sets it apart: one
+# variant each (dropout on), trained by ``pytest tests/models -m zoo_full``.
+def _config(v: Variant, config_cls: str, model_cls: str, **fields):
+    import transformers
+    return _hf(getattr(transformers, model_cls), getattr(transformers, config_cls)(**fields), v)
+
+
+def _decoder_fields(v, **fields):
+    """A Llama-family decoder: grouped-query attention (twice the query heads)."""
+    d = v.dims
+    return dict(num_hidden_layers=d.layers, hidden_size=d.hidden, intermediate_size=d.ffn,
+                num_attention_heads=2 * d.heads, num_key_value_heads=d.heads,
+                max_position_embeddings=_positions(v), vocab_size=d.vocab, bos_token_id=0, eos_token_id=0,
+                pad_token_id=0, attention_dropout=v.dropout, **fields)
+
+
+def _encoder_fields(v, **fields):
+    """A BERT-style encoder's dimensions and dropouts."""
+    d = v.dims
+    return dict(num_hidden_layers=d.layers, hidden_size=d.hidden, intermediate_size=d.ffn,
+                num_attention_heads=d.heads, max_position_embeddings=_positions(v), vocab_size=d.vocab,
+                hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout, **fields)
+
+
+def _qwen2(v):  # biases on q, k, v only
+    return _config(v, "Qwen2Config", "Qwen2ForCausalLM", **_decoder_fields(v))
+
+
+def _mistral(v):  # a sliding window shorter than the sequence: another mask
+    return _config(v, "MistralConfig", "MistralForCausalLM", **_decoder_fields(v, sliding_window=v.length // 2))
+
+
+def _gemma(v):  # GeGLU, embeddings scaled by sqrt(hidden), RMSNorm's (1 + weight)
+    d = v.dims
+    return _config(v, "GemmaConfig", "GemmaForCausalLM", **_decoder_fields(v, head_dim=d.hidden // (2 * d.heads)))
+
+
+def _phi3(v):  # fused qkv and gate/up projections
+    return _config(v, "Phi3Config", "Phi3ForCausalLM",
+                   **_decoder_fields(v, resid_pdrop=v.dropout, embd_pdrop=v.dropout))
+
+
+def _gpt_neox(v):  # parallel residual, rotary on a quarter of each head
+    d = v.dims
+    return _config(v, "GPTNeoXConfig", "GPTNeoXForCausalLM", num_hidden_layers=d.layers, hidden_size=d.hidden,
+                   intermediate_size=d.ffn, num_attention_heads=d.heads, max_position_embeddings=_positions(v),
+                   vocab_size=d.vocab, bos_token_id=0, eos_token_id=0, attention_dropout=v.dropout,
+                   hidden_dropout=v.dropout)
+
+
+def _opt(v):  # learned positions offset by 2, computed from the mask's cumsum
+    d = v.dims
+    return _config(v, "OPTConfig", "OPTForCausalLM", num_hidden_layers=d.layers, hidden_size=d.hidden, ffn_dim=d.ffn,
+                   num_attention_heads=d.heads, max_position_embeddings=_positions(v), word_embed_proj_dim=d.hidden,
+                   vocab_size=d.vocab, bos_token_id=0, eos_token_id=0, pad_token_id=0, dropout=v.dropout,
+                   attention_dropout=v.dropout)
+
+
+def _distilbert(v):
+    d = v.dims
+    return _config(v, "DistilBertConfig", "DistilBertForMaskedLM", n_layers=d.layers, dim=d.hidden,
+                   hidden_dim=d.ffn, n_heads=d.heads, max_position_embeddings=_positions(v), vocab_size=d.vocab,
+                   pad_token_id=0, dropout=v.dropout, attention_dropout=v.dropout)
+
+
+def _roberta(v):  # positions from the ids' cumsum past the padding token (1; ids draw it too)
+    return _config(v, "RobertaConfig", "RobertaForMaskedLM",
+                   **{**_encoder_fields(v), "max_position_embeddings": _positions(v) + 2}, pad_token_id=1)
+
+
+def _electra(v):  # embeddings narrower than the hidden size, projected up
+    return _config(v, "ElectraConfig", "ElectraForMaskedLM", **_encoder_fields(v, embedding_size=v.dims.hidden // 2),
+                   pad_token_id=0)
+
+
+def _deberta_v2(v):  # disentangled attention over log-bucketed relative positions
+    return _config(v, "DebertaV2Config", "DebertaV2ForMaskedLM",
+                   **_encoder_fields(v, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                                     norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False),
+                   pad_token_id=0)
+
+
+def _albert(v):  # one layer's weights shared by every layer
+    return _config(v, "AlbertConfig", "AlbertForMaskedLM",
+                   **_encoder_fields(v, embedding_size=v.dims.hidden // 2, classifier_dropout_prob=v.dropout),
+                   pad_token_id=0)
+
+
+def _mt5(v):  # T5 with gated GELU and untied embeddings
+    d = v.dims
+    return _config(v, "MT5Config", "MT5ForConditionalGeneration", num_layers=d.layers, num_decoder_layers=d.layers,
+                   d_model=d.hidden, d_kv=d.hidden // (2 * d.heads), num_heads=2 * d.heads, d_ff=d.ffn,
+                   vocab_size=d.vocab, relative_attention_num_buckets=8 if v.size == "tiny" else 32,
+                   relative_attention_max_distance=16 if v.size == "tiny" else 128, dropout_rate=v.dropout,
+                   pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+
+
+def _vision_fields(v):
+    return dict(image_size=v.length, num_channels=3, num_labels=CLASSES)
+
+
+def _deit(v):  # a distillation token beside the class token
+    d = v.dims
+    return _config(v, "DeiTConfig", "DeiTForImageClassification", **_vision_fields(v), patch_size=d.patch,
+                   hidden_size=d.hidden, num_hidden_layers=d.layers, num_attention_heads=d.heads,
+                   intermediate_size=d.ffn, hidden_dropout_prob=v.dropout, attention_probs_dropout_prob=v.dropout)
+
+
+def _swin(v):  # shifted windows (roll, window masks), patch merging, stochastic depth
+    d = v.dims
+    return _config(v, "SwinConfig", "SwinForImageClassification", **_vision_fields(v), patch_size=d.patch,
+                   embed_dim=d.hidden // 2, depths=[d.layers, d.layers], num_heads=[d.heads, 2 * d.heads],
+                   window_size=4, mlp_ratio=d.ffn / d.hidden, hidden_dropout_prob=v.dropout,
+                   attention_probs_dropout_prob=v.dropout, drop_path_rate=v.dropout)
+
+
+def _convnext(v):  # depthwise 7x7 convolutions, channels-last LayerNorm, layer scale, stochastic depth
+    w, d = v.dims.cnn_width, v.dims
+    return _config(v, "ConvNextConfig", "ConvNextForImageClassification", **_vision_fields(v), num_stages=2,
+                   hidden_sizes=[8 * w, 16 * w], depths=[d.layers, d.layers], drop_path_rate=v.dropout)
+
+
+def _resnet_hf(v):
+    w, d = v.dims.cnn_width, v.dims
+    return _config(v, "ResNetConfig", "ResNetForImageClassification", **_vision_fields(v), embedding_size=8 * w,
+                   hidden_sizes=[8 * w, 16 * w], depths=[d.layers, d.layers], layer_type="basic")
+
+
+def _pixels_loss(model, images, labels):
+    return F.cross_entropy(model(pixel_values=images).logits, labels)
+
+
 # --------------------------------------------------------------------- CNNs
 def _cnn_loss(model, images, labels):
     return F.cross_entropy(model(images), labels)
@@ -232,6 +365,28 @@ SPECS: dict[str, Spec] = {
     "mobilenet": Spec(lambda v: MobileNetV3Small(dropout=v.dropout, width=v.dims.cnn_width), _images, _cnn_loss,
                       sgd_momentum, attns=(None,), dropouts=(0.0, 0.2), lengths=(32, 24), base_length=64),
 }
+_ONE = dict(attns=("sdpa",), dropouts=(0.1,))  # the wider zoo: one variant each
+SPECS.update({
+    "qwen2": Spec(_qwen2, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "mistral": Spec(_mistral, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "gemma": Spec(_gemma, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "phi3": Spec(_phi3, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "gpt_neox": Spec(_gpt_neox, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "opt": Spec(_opt, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "distilbert": Spec(_distilbert, _bert_inputs, _bert_loss, adamw, **_ONE),
+    "roberta": Spec(_roberta, _bert_inputs, _bert_loss, adamw, **_ONE),
+    "electra": Spec(_electra, _bert_inputs, _bert_loss, adamw, **_ONE),
+    "deberta_v2": Spec(_deberta_v2, _bert_inputs, _bert_loss, adamw, **{**_ONE, "attns": ("eager",)}),  # no SDPA in HF
+    "albert": Spec(_albert, _bert_inputs, _bert_loss, adamw, **_ONE),
+    "mt5": Spec(_mt5, _t5_inputs, _t5_loss, adamw, **_ONE),
+    "deit": Spec(_deit, _images, _vit_loss, adamw, lengths=(16, 24), base_length=64, **_ONE),
+    # HF Swin fails eagerly at 24 pixels (a 3x3 grid under a 4x4 window)
+    "swin": Spec(_swin, _images, _pixels_loss, adamw, lengths=(32, 48), base_length=64, **_ONE),
+    "convnext": Spec(_convnext, _images, _pixels_loss, adamw, **{**_ONE, "attns": (None,)}, lengths=(32, 24),
+                     base_length=64),
+    "resnet_hf": Spec(_resnet_hf, _images, _pixels_loss, sgd_momentum, attns=(None,), dropouts=(0.0,),
+                      lengths=(32, 24), base_length=64),
+})
 
 
 def all_variants() -> list[Variant]:
