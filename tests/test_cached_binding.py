@@ -29,8 +29,9 @@ def step_done(device):
 
 
 def swapped_operands(device, size, steps=4):
-    """Fresh `.to(device)` tensors alive at the sync are roots: they fix the
-    parameters' order, whatever order the step then reads them in."""
+    """Fresh `.to(device)` tensors alive at the sync: in stock LTC roots that
+    fix the parameters' order whatever order the step reads them in; here
+    they take their data before the sync (lazy_backend/pending_data.h)."""
     torch.manual_seed(0)
     x, y = torch.randn(size), torch.randn(size)
     out = []
@@ -101,14 +102,15 @@ def run(loop, level, size):
 @pytest.mark.parametrize("level", LEVELS)
 def test_swapped_operands(level):
     rebinds, compiles = run(swapped_operands, level, shape(level, 3, 11))
-    # one graph, one more lowering for the other binding; steps 2 and 3 reuse them
-    assert (rebinds, compiles) == (1, 2)
+    # the moved pair are no roots, so the post-order orders the parameters:
+    # both directions are one graph (as roots: a second lowering, rebound)
+    assert (rebinds, compiles) == (0, 1)
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_swapped_pair_training(level):
     rebinds, _ = run(swapped_pair_training, level, shape(level, 5, 13))
-    assert rebinds == 1
+    assert rebinds == 0  # as test_swapped_operands: the use order is the parameter order
 
 
 @pytest.mark.parametrize("level", LEVELS)
