@@ -136,10 +136,11 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
         assert s["fallback_count"] == 0, report
         assert s["groups_fallen_back"] == {}, report
         # generated code ran, never a group's TorchScript subgraph but in the
-        # first step of a graph whose groups compiled side by side
+        # first step of a new graph, while its groups compiled (side by side,
+        # or shape-generic in the background at a new size)
         interpreted = s["interpreted_group_calls"]
         assert s["compiled_group_calls"] + interpreted == s["group_calls"] >= s["mark_steps"], report
-        assert interpreted == 0 or (phase == "warmup" and s["groups_per_graph"] and
+        assert interpreted == 0 or (s["cache_misses"] > 0 and s["groups_per_graph"] and
                                     interpreted <= sum(s["groups_per_graph"].values())), report
     if v.dropout:  # several groups: the first step's compiles waited for its end, to run side by side
         warmup = lazy.phases["warmup"]

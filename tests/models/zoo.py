@@ -333,8 +333,10 @@ def _swin(v):  # shifted windows (roll, window masks), patch merging, stochastic
 
 def _convnext(v):  # depthwise 7x7 convolutions, channels-last LayerNorm, layer scale, stochastic depth
     w, d = v.dims.cnn_width, v.dims
+    # layer scale from 1, not HF's 1e-6: a dropped block then changes the loss
     return _config(v, "ConvNextConfig", "ConvNextForImageClassification", **_vision_fields(v), num_stages=2,
-                   hidden_sizes=[8 * w, 16 * w], depths=[d.layers, d.layers], drop_path_rate=v.dropout)
+                   hidden_sizes=[8 * w, 16 * w], depths=[d.layers, d.layers], drop_path_rate=v.dropout,
+                   layer_scale_init_value=1.0)
 
 
 def _resnet_hf(v):
