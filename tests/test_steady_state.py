@@ -28,13 +28,15 @@ def _train(cfg, device, prepare: bool = False):
     return _train_model(make_gpt(cfg).to(device), cfg, prepare)
 
 
-def _train_model(model, cfg, prepare: bool = False):
+def _train_model(model, cfg, prepare: bool = False, batches=None, keep=lambda loss: loss.item()):
+    """``batches`` (default: STEPS fresh ones); ``keep(loss)`` after each
+    step gives what the returned losses are made of."""
     device = next(model.parameters()).device
     opt = make_adamw(model)
     if prepare:
         lazy_mlir.prepare(model, opt)
     losses, misses, snaps = [], [], []
-    for x, y in gpt_batches(cfg, steps=STEPS):
+    for x, y in batches or gpt_batches(cfg, steps=STEPS):
         metrics.reset()
         loss = model(x.to(device), y.to(device))  # the inputs are on the device before the first forward
         loss.backward()
@@ -47,10 +49,10 @@ def _train_model(model, cfg, prepare: bool = False):
             snaps.append(snap)
             assert_compiled(snap, calls=1)
             assert snap["graph_executions"] == 1 and snap["syncs"] == {}, metrics.report()
-        losses.append(loss.item())
+        losses.append(keep(loss))
     with torch.no_grad():
         params = {n: p.cpu() for n, p in model.named_parameters()}
-    return (torch.tensor(losses), params), misses, snaps
+    return (torch.stack([torch.as_tensor(v) for v in losses]).cpu(), params), misses, snaps
 
 
 @pytest.mark.parametrize("how,width", [("auto", 24), ("prepare", 20)])
@@ -258,28 +260,11 @@ def test_tensors_kept_across_steps_are_data_not_graph_roots(lazy_level, pattern,
     fixed = next(gpt_batches(cfg))
 
     def run(device):
-        model = make_gpt(cfg).to(device)
-        opt = make_adamw(model)
-        x, y = (t.to(device) for t in fixed)  # moved once
-        held, misses = [], []
-        for fresh in gpt_batches(cfg, steps=STEPS):
-            if pattern == "detached_losses":
-                x, y = (t.to(device) for t in fresh)
-            metrics.reset()
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if device.type == "lazy":
-                torch._lazy.mark_step()
-                snap = metrics.snapshot()
-                misses.append(snap["cache_misses"])
-                assert snap["graph_executions"] == 1, metrics.report()
-            held.append(loss.detach() if pattern == "detached_losses" else loss.item())
-        return (torch.stack(held).cpu() if pattern == "detached_losses" else torch.tensor(held)), misses
+        if pattern == "fixed_batch":
+            moved_once = [tuple(t.to(device) for t in fixed)] * STEPS
+            return _train_model(make_gpt(cfg).to(device), cfg, batches=moved_once)
+        return _train_model(make_gpt(cfg).to(device), cfg, keep=lambda loss: loss.detach())
 
-    (eager, _), (lazy, misses) = run(torch.device("cpu")), run(torch.device("lazy"))
+    (eager, _, _), (lazy, misses, _) = run(torch.device("cpu")), run(torch.device("lazy"))
     assert misses == [1, 0, 0]
-    torch.testing.assert_close(lazy, eager, rtol=1e-5, atol=1e-6)
-    if pattern == "fixed_batch":
-        assert eager[0] != eager[-1]  # the same batch, trained on
+    assert_same_training(eager, lazy, param_atol=1e-5)
