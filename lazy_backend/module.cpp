@@ -181,18 +181,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("targets"), py::arg("list_sizes"));
   m.def("share_base_buffers", &lazy_mlir::shareBaseBuffers);
   m.def("own_buffers", &lazy_mlir::ownBuffers);
-  m.def("device_data", [](const at::Tensor& values, const c10::Device& device) {
-    // A lazy tensor holding `values` as device data already transferred.
-    // `values.to(lazy)` transfers at first use and leaves the tensor pending
-    // until a sync: a root of the graph of the first step that reads it and
-    // of none after (another graph). For tensors kept across steps (constants).
-    const torch::lazy::BackendDevice backend_device = torch::lazy::atenDeviceToBackendDevice(device);
-    const at::Tensor contiguous = values.contiguous();
-    torch::lazy::BackendDataPtr data = torch::lazy::getBackend()->MakeComputationDataFromTensor(
-        contiguous, torch::lazy::Shape(contiguous.scalar_type(), contiguous.sizes()), backend_device);
-    at::Tensor lazy = torch::lazy::CreateAtenFromLtcTensor(torch::lazy::LazyTensor::Create(std::move(data)));
-    return at::functionalization::impl::to_functional_tensor(lazy);  // what .to(lazy) returns
-  }, py::arg("values"), py::arg("device"));
   m.def("device_data_ptr", [](const at::Tensor& tensor) -> int64_t {
     // The address of the buffer behind a synced lazy tensor's data, 0 when it
     // has none (pending or never synced): tests and benchmarks see whether a

@@ -230,9 +230,9 @@ class _Replay:
         self.gm = gm
         self.region, constants, self.positions, self.written = build_region(gm, name)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
-            # device data already: a constant pending at the first replay's
-            # sync would be a root of that step's graph and of no later one
-            self.constants = [_C.device_data(c, torch.device("lazy")) for c in constants]
+            # pending device data until the first replay's sync, which gives
+            # them their data (lazy_backend/pending_data.h): no graph root
+            self.constants = [c.to("lazy") for c in constants]
 
     def __call__(self, args: list):
         if getattr(_recording, "active", False):  # the graph itself, on fakes: factory ops fake too

@@ -199,9 +199,9 @@ def _lr_tensor(lr: float, device: torch.device) -> torch.Tensor:
     if key not in _lr_on_device:
         if len(_lr_on_device) > 64:  # a scheduler's values: keep the recent ones only
             _lr_on_device.clear()
-        # device data already: a tensor pending at the first step's sync
-        # would be a root of that step's graph only (another graph to compile)
-        _lr_on_device[key] = _C.device_data(torch.tensor(lr, dtype=torch.float64), device)
+        # pending device data until the step's sync gives it its data
+        # (lazy_backend/pending_data.h): no root of the first step's graph
+        _lr_on_device[key] = torch.tensor(lr, dtype=torch.float64).to(device)
     return _lr_on_device[key]
 
 

@@ -198,7 +198,7 @@ def _zero_momentum_buffers(optimizer: torch.optim.SGD) -> None:
         for p in group["params"]:
             if p.device.type == "lazy" and p.grad is not None and not p.grad.is_sparse:
                 zeros = torch.zeros(p.grad.shape, dtype=p.grad.dtype)
-                optimizer.state[p]["momentum_buffer"] = _C.device_data(zeros, p.device)
+                optimizer.state[p]["momentum_buffer"] = zeros.to(p.device)
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
@@ -221,9 +221,9 @@ def _fill_value(func, args, kwargs):
 
 class _StateAsDeviceData(torch.overrides.TorchFunctionMode):
     """Tensors that an optimizer creates like a lazy parameter (zeros_like,
-    ones_like, full_like) are made on the CPU as device data
-    (``_C.device_data``), as its state is in every later step, instead of a
-    constant in the graph."""
+    ones_like, full_like) are made on the CPU and moved, device data as its
+    state is in every later step, instead of a constant in the graph (the
+    step's sync gives them their data: lazy_backend/pending_data.h)."""
 
     _CREATORS = (torch.zeros_like, torch.ones_like, torch.full_like)
 
@@ -234,5 +234,5 @@ class _StateAsDeviceData(torch.overrides.TorchFunctionMode):
             device = torch.device(kwargs.get("device") or like.device)
             if device.type == "lazy":
                 value = torch.full(like.shape, _fill_value(func, args, kwargs), dtype=kwargs.get("dtype") or like.dtype)
-                return _C.device_data(value, device).requires_grad_(bool(kwargs.get("requires_grad", False)))
+                return value.to(device).requires_grad_(bool(kwargs.get("requires_grad", False)))
         return func(*args, **kwargs)
