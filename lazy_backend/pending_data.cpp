@@ -15,8 +15,7 @@ bool isIdentityCopy(const torch::lazy::Node* node) {
 
 }  // namespace
 
-int64_t settlePendingData(const std::vector<torch::lazy::LazyTensorPtr>& tensors) {
-  int64_t settled = 0;
+void settlePendingData(const std::vector<torch::lazy::LazyTensorPtr>& tensors) {
   for (const torch::lazy::LazyTensorPtr& tensor : tensors) {
     torch::lazy::Value value = tensor->CurrentIrValue();
     if (!value || tensor->CurrentDataHandle() != nullptr) {
@@ -31,9 +30,7 @@ int64_t settlePendingData(const std::vector<torch::lazy::LazyTensorPtr>& tensors
       continue;
     }
     tensor->SetDataHandle(data_node->data());  // drops the pending value
-    ++settled;
   }
-  return settled;
 }
 
 }  // namespace lazy_mlir

@@ -16,14 +16,13 @@
 
 #include <torch/csrc/lazy/core/tensor.h>
 
-#include <cstdint>
 #include <vector>
 
 namespace lazy_mlir {
 
 // Gives each of `tensors` that has no data handle and whose pending value
 // is a device-data node, as is or through detach and alias copies, that
-// node's data. Returns how many.
-int64_t settlePendingData(const std::vector<torch::lazy::LazyTensorPtr>& tensors);
+// node's data.
+void settlePendingData(const std::vector<torch::lazy::LazyTensorPtr>& tensors);
 
 }  // namespace lazy_mlir
