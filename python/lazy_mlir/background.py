@@ -16,7 +16,12 @@ code at interpreter exit aborts the process.
 """
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see submit)
+# Both pool modules register their exit hooks before ours (see submit):
+# Inductor imports the process pool's only while compiling, too late to
+# register during ours ("can't register atexit after shutdown": a compile
+# at exit failed).
+import concurrent.futures.process  # noqa: F401
+import concurrent.futures.thread  # noqa: F401
 import contextlib
 import sys
 import threading
