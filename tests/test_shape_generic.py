@@ -49,6 +49,12 @@ def test_explain_finds_the_simplest_expression():
     # a ViT's tokens at image sizes 32 and 40 (patch 4): (H*W)//16 patches and the class token
     h, w = ((0, 2), [32, 40]), ((0, 3), [32, 40])
     assert explain([65, 101], [h, w]) == SizeExpr(((0, 2), (0, 3)), divisor=16, offset=1)
+    # a causal LM's shifted logits flattened, a ragged batch of 1 and a
+    # second length seen: B*(T-1), which no expression of B*T alone fits
+    b, t = ((0, 0), [2, 1, 2]), ((0, 1), [8, 8, 16])
+    shifted = explain([14, 7, 30], [b, t])
+    assert shifted == SizeExpr(((0, 1),), offset=-1, times=((0, 0),)) and str(shifted) == "(in0.size(1)-1)*in0.size(0)"
+    assert shifted.value([(3, 24)]) == 69
 
 
 class Tagger(nn.Module):
@@ -66,6 +72,22 @@ class Tagger(nn.Module):
         b, t, c = h.shape
         h = h[:, :min(t, self.cap)]
         return h.reshape(b * h.shape[1], c).softmax(-1).pow(2).mean()
+
+
+class GatedShiftedTagger(Tagger):
+    """Phi-3's fused gate/up projection (silu of half a chunk: a slice with
+    gaps) and a causal LM's shifted tokens flattened with the batch
+    (``B*(T-1)`` rows)."""
+
+    def __init__(self, width):
+        super().__init__(width)
+        self.fc = nn.Linear(width, 2 * width)
+
+    def forward(self, ids):
+        gate, up = self.fc(self.emb(ids)).chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        b, t, c = h.shape
+        return h[:, 1:].reshape(b * (t - 1), c).softmax(-1).pow(2).mean()
 
 
 def _train(model, shapes, device):
@@ -87,11 +109,11 @@ def _train(model, shapes, device):
         return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots
 
 
-def _twins(**kw):
+def _twins(cls=Tagger, **kw):
     """fp64 Taggers with the same weights: one on the CPU, one on the lazy device."""
     torch.manual_seed(0)
-    model = Tagger(**kw).double()
-    lazy_model = Tagger(**kw).double()
+    model = cls(**kw).double()
+    lazy_model = cls(**kw).double()
     lazy_model.load_state_dict(model.state_dict())
     return model, lazy_model.to(LAZY)
 
@@ -119,6 +141,15 @@ def test_later_sizes_are_served_by_one_generic_compile(fresh):
     assert served == [0, 0, 0, 1, 1, 0, 1], served
     assert all(s["generic_failed"] == 0 for s in steps)
     assert "1 sizes served" in metrics.report()
+
+
+def test_a_gated_projection_and_shifted_tokens_compile_generic(fresh):
+    # the ragged batch of 1 is specialised but seen: with the second length,
+    # the flattened rows are B*(T-1), both varying
+    steps = _run_both([(2, 8), (2, 8), (1, 8), (2, 12), (3, 16)], cls=GatedShiftedTagger, width=10)
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 0, 1, 0]
+    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 1]
+    assert all(s["generic_failed"] == 0 for s in steps)
 
 
 def test_sizes_the_generic_code_does_not_cover_compile_static(fresh):

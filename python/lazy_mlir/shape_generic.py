@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import math
 import operator
 import pickle
@@ -51,15 +52,18 @@ fake_inputs_of = lowering_function("fake_inputs_of")
 
 @dataclasses.dataclass(frozen=True)
 class SizeExpr:
-    """``(prod(input sizes at dims) * scale + shift) // divisor + offset``."""
+    """``((prod(input sizes at dims) * scale + shift) // divisor + offset)
+    * prod(input sizes at times)``."""
     dims: tuple[tuple[int, int], ...]  # (input index, dim)
     scale: int = 1
     divisor: int = 1
     offset: int = 0
     shift: int = 0  # divisor - 1: a ceiling quotient (padded strided convolutions)
+    times: tuple[tuple[int, int], ...] = ()  # B in B*(T-1): a shifted sequence flattened with its batch
 
     def value(self, shapes) -> int:
-        return self.value_of(math.prod(shapes[i][d] for i, d in self.dims))
+        return (self.value_of(math.prod(shapes[i][d] for i, d in self.dims))
+                * math.prod(shapes[i][d] for i, d in self.times))
 
     def value_of(self, product: int) -> int:
         return (product * self.scale + self.shift) // self.divisor + self.offset
@@ -77,6 +81,8 @@ class SizeExpr:
             node = converter.int_call(operator.floordiv, node, self.divisor)
         if self.offset:
             node = converter.int_call(operator.add, node, self.offset)
+        for i, d in self.times:
+            node = converter.int_call(operator.mul, node, converter.sym_size(i, d))
         return node
 
     def __str__(self):
@@ -84,7 +90,8 @@ class SizeExpr:
         text += f"*{self.scale}" if self.scale != 1 else ""
         text = f"({text}+{self.shift})" if self.shift else text
         text += f"//{self.divisor}" if self.divisor != 1 else ""
-        return text + (f"{self.offset:+d}" if self.offset else "")
+        text += f"{self.offset:+d}" if self.offset else ""
+        return f"({text})*" + "*".join(f"in{i}.size({d})" for i, d in self.times) if self.times else text
 
 
 def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -> SizeExpr | None:
@@ -97,19 +104,35 @@ def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -
     constant (``H*W//256 + 1``: a ViT's patches and its class token), else
     an integer affine function
     of one size (``2*s - 2``: a shifted sequence flattened with its batch
-    of 2). It must fit every observation; two always fit some affine
-    function, so whether it holds at a new size is checked there
+    of 2), else one size times an affine function of another (``B*(T-1)``,
+    the batch varying too). It must fit every observation; two always fit
+    some affine function, so whether it holds at a new size is checked there
     (``GenericGroup.admits``)."""
     singles = [((dim,), seen) for dim, seen in sizes]
     pairs = [((a[0], b[0]), [x * y for x, y in zip(a[1], b[1])]) for k, a in enumerate(sizes) for b in sizes[k + 1:]]
     tries = [(_multiple, base) for base in singles + pairs] + [(_quotient, base) for base in singles + pairs]
     tries += [(_ceiling_quotient, base) for base in singles] + [(_offset_quotient, base) for base in singles + pairs]
     tries += [(_affine, base) for base in singles]
+    # per observation, {input: {dim: size}} for the varying sizes: indexed as SizeExpr.value's shapes
+    observations = [{} for _ in values]
+    for (i, d), seen in sizes:
+        for observation, size in zip(observations, seen):
+            observation.setdefault(i, {})[d] = size
     for form, (dims, seen) in tries:
         candidate = form(dims, seen, values)
-        if candidate is not None and all(candidate.value_of(x) == v for x, v in zip(seen, values)):
+        if candidate is not None and _fits(candidate, observations, values):
             return candidate
+    for (factor, factor_seen), (dims, seen) in itertools.permutations(singles, 2):
+        if all(f and v % f == 0 for f, v in zip(factor_seen, values)):
+            inner = _affine(dims, seen, [v // f for f, v in zip(factor_seen, values)])
+            candidate = inner and dataclasses.replace(inner, times=factor)
+            if candidate and _fits(candidate, observations, values):
+                return candidate
     return None
+
+
+def _fits(candidate: SizeExpr, observations: list[dict], values: list[int]) -> bool:
+    return all(candidate.value(shapes) == v for shapes, v in zip(observations, values))
 
 
 def _multiple(dims, seen: list[int], values: list[int]) -> SizeExpr | None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import map_arg
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import (
@@ -187,6 +188,8 @@ class _Exporter:
 
     def _fake_result(self, op: ir.Operation, node: torch.fx.Node):
         fake_args, fake_kwargs = map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+        if torch.Tag.pointwise in node.target.tags:
+            fake_args = tuple(self._dense_stand_in(a) if _gapped_row_major(a) else a for a in fake_args)
         try:
             with self.fake_mode:
                 val = node.target(*fake_args, **fake_kwargs)
@@ -196,6 +199,14 @@ class _Exporter:
         for i, (result, fake) in enumerate(zip(op.results, vals)):
             _check_types(result, fake, f"result {i}")
         return val
+
+    def _dense_stand_in(self, fake: torch.Tensor) -> torch.Tensor:
+        """A contiguous fake of ``fake``'s sizes. The metas of unary pointwise
+        ops (``silu``: ``empty_like``) read a gapped tensor's strides as ints,
+        which would pin every symbol in them to this size. Eager gives such an
+        input's result contiguous, as this does."""
+        with self.fake_mode:
+            return torch.empty(fake.shape, dtype=fake.dtype, device=fake.device)
 
     def _items(self, container, op: ir.Operation) -> list:
         """The elements of ``container`` that ``op``'s used results stand for (a getitem each)."""
@@ -251,6 +262,18 @@ def _arg_plan(target) -> tuple[tuple[str, bool, dict | None], ...]:
 
 def _has_uses(value: ir.Value) -> bool:
     return next(iter(value.uses), None) is not None
+
+
+def _gapped_row_major(value) -> bool:
+    """A symbolic tensor laid out row-major with gaps (a slice of its last
+    dim: Phi-3's chunked gate/up projection), known without adding a guard."""
+    if not isinstance(value, torch.Tensor) or value.dim() < 2 or all(isinstance(s, int) for s in value.shape):
+        return False
+    sizes, strides = value.shape, value.stride()
+    if not statically_known_true(strides[-1] == 1) or \
+            not all(statically_known_true(strides[i] >= strides[i + 1]) for i in range(value.dim() - 1)):
+        return False
+    return not all(statically_known_true(strides[i] == strides[i + 1] * sizes[i + 1]) for i in range(value.dim() - 1))
 
 
 def _scalar_stand_in(type_asm: str, fake_args):
