@@ -90,6 +90,17 @@ class GatedShiftedTagger(Tagger):
         return h[:, 1:].reshape(b * (t - 1), c).softmax(-1).pow(2).mean()
 
 
+class ShiftedCappedTagger(Tagger):
+    """A Tagger whose slice always starts at 1, so that LTC traces it at
+    every length (a slice of all of ``h`` is no op)."""
+
+    def forward(self, ids):
+        h = torch.relu(self.fc(self.emb(ids)))
+        b, t, c = h.shape
+        h = h[:, 1:min(t, self.cap)]
+        return h.reshape(b * h.shape[1], c).softmax(-1).pow(2).mean()
+
+
 def _train(model, shapes, device):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, snapshots = [], []
@@ -159,6 +170,19 @@ def test_sizes_the_generic_code_does_not_cover_compile_static(fresh):
     assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0, 0]
     assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 0]
     assert steps[3]["group_cache_misses"] == 1 and steps[4]["group_cache_misses"] == 1
+    # a static compile says why it is not generic (LAZY_MLIR_LOG=recompiles prints it)
+    batch_of_one = steps[3]["recompiles"][0]
+    assert "size 1 at dim 0 (0 and 1 are specialised" in batch_of_one["not_shape_generic"], batch_of_one
+
+
+def test_a_static_compile_names_the_size_no_expression_gives(fresh):
+    # past cap=14 the slice's end stops following the length: 8, 12, then 14 at 20
+    steps = _run_both([(2, 8), (2, 8), (2, 12), (2, 20)], cls=ShiftedCappedTagger, width=14, cap=14)
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0]
+    assert steps[3]["group_cache_misses"] == 1 and steps[3]["generic_hits"] == 0
+    why = steps[3]["recompiles"][0]["not_shape_generic"]
+    assert why.startswith("no expression of the sizes that changed gives the size constant used by aten::slice"), why
+    assert "test_shape_generic.py" in why and why.endswith(": 8 -> 12 -> 14"), why
 
 
 def _as_a_new_process():

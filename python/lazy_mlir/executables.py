@@ -193,6 +193,8 @@ class _Compiling:
 class GroupExecutable:
     def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str, num_ops: int):
         self.graph = graph.copy()
+        # An unused size constant would still be one the generic plan must explain
+        torch._C._jit_pass_dce(self.graph)
         self.name = name
         self.num_ops = num_ops
         self.cfg = cfg
@@ -436,7 +438,7 @@ class GroupExecutable:
                 if lowered is None:
                     if self._failed_before():
                         return None
-                    self._before_compile(inputs)
+                    self._before_compile(inputs, sighting)
                     lowered = self._compile(inputs, sighting)
                     if lowered is None:
                         return None
@@ -486,10 +488,11 @@ class GroupExecutable:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return lowered
 
-    def _before_compile(self, inputs) -> None:
-        """Explains the compile to come (recompiles)."""
+    def _before_compile(self, inputs, sighting=None) -> None:
+        """Explains the compile to come (recompiles), and why it is for these
+        sizes only where the group was seen at others."""
         recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
-                                  self.cfg.key())
+                                  self.cfg.key(), shape_generic.refusal(self.graph, sighting, inputs))
 
     def _add_variant(self, inputs, guards) -> None:
         """Records the variant now serving these inputs (recompiles)."""
@@ -552,7 +555,7 @@ class GroupExecutable:
             return None
         if sighting is not None and shape_generic.plan(sighting, inputs) is not None:
             return None  # a shape-generic form, planned from the sizes seen so far
-        self._before_compile(inputs)
+        self._before_compile(inputs, sighting)
         if sighting is not None:
             shape_generic.observe(sighting)  # the graph's later groups see these sizes, as after a compile
         job = DeferredCompile(self, _snapshot(inputs))

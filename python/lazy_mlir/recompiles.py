@@ -21,6 +21,7 @@ import torch
 
 from . import config, metrics
 from .group_key import input_signature, tensor_digest
+from .lowering.size_constants import is_size_constant
 from .syncs import user_source
 
 _FIELDS = ("shape", "strides", "dtype", "device", "aliasing")
@@ -81,6 +82,12 @@ def _constants(graph: torch._C.Graph) -> tuple:
 
 def _constant_users(graph: torch._C.Graph) -> list[str]:
     return [_user_of(n.output()) for n in _used_constants(graph)]
+
+
+def size_constant_user(graph: torch._C.Graph, k: int) -> str:
+    """The op reading the ``k``-th size constant (``size_constants``'s order)."""
+    nodes = [n for n in graph.nodes() if n.kind() == "prim::Constant" and is_size_constant(n.output().toIValue())]
+    return _user_of(nodes[k].output())
 
 
 def _aliasing(same_as) -> str:
@@ -147,9 +154,10 @@ def _describe_changes(graph: torch._C.Graph, changes: list) -> list[str]:
 
 
 def before_compile(family: str, graph: torch._C.Graph, inputs: list, name: str, describe: str,
-                   cfg: config.Config, config_key: str) -> None:
+                   cfg: config.Config, config_key: str, not_generic: str | None = None) -> None:
     """Called when a group misses every cache: explains it if its family has
-    compiled before."""
+    compiled before (and, in ``not_generic``, why it compiles for these
+    sizes only)."""
     known = _families.get(family)
     if known is None or not known.variants:
         return
@@ -160,14 +168,17 @@ def before_compile(family: str, graph: torch._C.Graph, inputs: list, name: str, 
         "nothing differs from it (lowered afresh: dump_dir is set, or its cache entry was unusable)"]
     record = {"group": name, "ops": describe, "step_source": user_source(), "previous": nearest.name,
               "changes": described}
+    if not_generic:
+        record["not_shape_generic"] = not_generic
     metrics.record_recompile(record)
     if cfg.logs("recompiles"):
         print(f"lazy_mlir: recompiling {format_record(record)}", file=sys.stderr, flush=True)
 
 
 def format_record(record: dict) -> str:
-    return (f"{record['group']} [{record['ops']}], step at {record['step_source']}, "
+    text = (f"{record['group']} [{record['ops']}], step at {record['step_source']}, "
             f"vs {record['previous']}: " + "; ".join(record["changes"]))
+    return text + (f"; not shape-generic: {record['not_shape_generic']}" if "not_shape_generic" in record else "")
 
 
 def add_variant(family: str, graph: torch._C.Graph, name: str, inputs: list, guards: list, describe: str,

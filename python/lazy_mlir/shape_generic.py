@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import compile_cache, config, group_key, metrics, syncs
+from . import compile_cache, config, group_key, metrics, recompiles, syncs
 from .lowered_group import LoweredGroup, lowering_function
 from .lowering.size_constants import size_constants
 
@@ -389,23 +389,54 @@ def plan(sighting: Sighting, inputs: list[torch.Tensor]):
     the group was seen at other sizes and every size constant and integer
     scalar input that varies has an expression fitting all sizes seen; else
     None. Dims that ever varied stay symbolic (automatic dynamic)."""
+    planned = _plan(sighting, inputs)
+    return None if planned is None or isinstance(planned, _Refused) else planned
+
+
+@dataclasses.dataclass
+class _Refused:
+    reason: str
+    constant: int | None = None  # the ordinal of the size constant no expression gives
+
+
+def refusal(graph: torch._C.Graph, sighting: Sighting | None, inputs: list[torch.Tensor]) -> str | None:
+    """Why a group seen at other sizes gets no generic form (``plan``'s
+    None), naming the op of a size that has no expression; None when it
+    does, or was never seen at other sizes."""
+    planned = sighting and _plan(sighting, inputs)
+    if not isinstance(planned, _Refused):
+        return None
+    if planned.constant is not None:
+        return f"no expression of the sizes that changed gives the size constant used by " \
+               f"{recompiles.size_constant_user(graph, planned.constant)}: {planned.reason}"
+    return planned.reason
+
+
+def _plan(sighting: Sighting, inputs: list[torch.Tensor]):
+    """``plan``'s result, or why there is none."""
     shapes = sighting.shapes
     seen = [o for o in _observed.get(sighting.family, ()) if o.shapes != shapes]
-    if not seen or sighting.family in _given_up:
+    if sighting.family in _given_up:
+        return _Refused("its generic compile failed before")
+    if not seen:
         return None
     points = seen + [sighting]
     dynamic = {(i, d) for i, shape in enumerate(shapes) for d in range(len(shape))
                if any(o.shapes[i][d] != shape[d] for o in seen)}
-    if any(shapes[i][d] < 2 for i, d in dynamic):
-        return None  # 0 and 1 are specialised, as in Dynamo
-    if any(not inputs[i].is_contiguous() for i in {i for i, _ in dynamic}):
-        return None
+    small = sorted((i, d) for i, d in dynamic if shapes[i][d] < 2)
+    if small:
+        i, d = small[0]
+        return _Refused(f"input {i} has size {shapes[i][d]} at dim {d} (0 and 1 are specialised, as in Dynamo)")
+    gapped = sorted(i for i in {i for i, _ in dynamic} if not inputs[i].is_contiguous())
+    if gapped:
+        return _Refused(f"input {gapped[0]}, whose sizes changed, is not contiguous")
     sizes = [((i, d), [o.shapes[i][d] for o in points]) for i, d in sorted(dynamic)]
     template = []
     for k in range(len(sighting.constants)):
-        generic = _generalize([o.constants[k] for o in points], sizes)
+        values = [o.constants[k] for o in points]
+        generic = _generalize(values, sizes)
         if generic is None:
-            return None
+            return _Refused(" -> ".join(map(str, values)), constant=k)
         template.append(generic)
     # A varying integer scalar that the static code baked in (an arange's
     # end) holds a size: it needs an expression. One the code reads at run
@@ -418,7 +449,8 @@ def plan(sighting: Sighting, inputs: list[torch.Tensor]):
         if len(set(values)) > 1 and i in _baked.get(sighting.family, ()):
             scalar_exprs[i] = explain(values, sizes)
             if scalar_exprs[i] is None:
-                return None
+                return _Refused(f"no expression of the sizes that changed gives scalar input {i}: "
+                                f"{' -> '.join(map(str, values))}")
     return dynamic, template, scalar_exprs
 
 
