@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import map_arg
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import (
@@ -266,14 +265,21 @@ def _has_uses(value: ir.Value) -> bool:
 
 def _gapped_row_major(value) -> bool:
     """A symbolic tensor laid out row-major with gaps (a slice of its last
-    dim: Phi-3's chunked gate/up projection), known without adding a guard."""
+    dim: Phi-3's chunked gate/up projection), judged at the example sizes as
+    Inductor judges layouts: no guard is added."""
     if not isinstance(value, torch.Tensor) or value.dim() < 2 or all(isinstance(s, int) for s in value.shape):
         return False
-    sizes, strides = value.shape, value.stride()
-    if not statically_known_true(strides[-1] == 1) or \
-            not all(statically_known_true(strides[i] >= strides[i + 1]) for i in range(value.dim() - 1)):
+    sizes, strides = [_hint(s) for s in value.shape], [_hint(s) for s in value.stride()]
+    if None in sizes or None in strides or strides[-1] != 1:
         return False
-    return not all(statically_known_true(strides[i] == strides[i + 1] * sizes[i + 1]) for i in range(value.dim() - 1))
+    pairs = range(value.dim() - 1)
+    return all(strides[i] >= strides[i + 1] for i in pairs) and \
+        any(strides[i] != strides[i + 1] * sizes[i + 1] for i in pairs)
+
+
+def _hint(size):
+    """A size's example value (None for one without: data-dependent)."""
+    return size.node.hint if isinstance(size, torch.SymInt) else size
 
 
 def _scalar_stand_in(type_asm: str, fake_args):
