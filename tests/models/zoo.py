@@ -115,8 +115,9 @@ def _llama(v):
 
 
 def _positions(v) -> int:
-    """Position embeddings for both lengths of the variant's size."""
-    return max(16, v.length)
+    """Position embeddings past both lengths of the variant's size (a full slice
+    of the table would trace another op at the second length)."""
+    return max(32, 2 * v.length)
 
 
 def _tokens(v, batch, g):
