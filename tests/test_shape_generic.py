@@ -55,6 +55,9 @@ def test_explain_finds_the_simplest_expression():
     shifted = explain([14, 7, 30], [b, t])
     assert shifted == SizeExpr(((0, 1),), offset=-1, times=((0, 0),)) and str(shifted) == "(in0.size(1)-1)*in0.size(0)"
     assert shifted.value([(3, 24)]) == 69
+    # ConvNeXt's pixels after its 4x4 patch stem, flattened with the batch
+    b, h, w = ((0, 0), [2, 1, 2]), ((0, 2), [32, 32, 24]), ((0, 3), [32, 32, 24])
+    assert explain([128, 64, 72], [b, h, w]) == SizeExpr(((0, 0), (0, 2), (0, 3)), divisor=16)
 
 
 class Tagger(nn.Module):

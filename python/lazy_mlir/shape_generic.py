@@ -97,8 +97,8 @@ class SizeExpr:
 def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -> SizeExpr | None:
     """The simplest expression that gives ``values`` (one per observation)
     from the varying ``sizes`` ((input, dim), one value per observation): a
-    multiple or an exact quotient of one size or of a product of two
-    (``B*T``), else a ceiling quotient of one size (``(s+7)//8``: three
+    multiple or an exact quotient of one size or of a product of two or
+    three (``B*T``; ``B*H*W//16``, a CNN's pixels flattened), else a ceiling quotient of one size (``(s+7)//8``: three
     padded stride-2 convolutions, which two sizes divisible by 8 read as
     ``s//8`` and a third size tells apart), else a quotient plus a
     constant (``H*W//256 + 1``: a ViT's patches and its class token), else
@@ -109,9 +109,10 @@ def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -
     some affine function, so whether it holds at a new size is checked there
     (``GenericGroup.admits``)."""
     singles = [((dim,), seen) for dim, seen in sizes]
-    pairs = [((a[0], b[0]), [x * y for x, y in zip(a[1], b[1])]) for k, a in enumerate(sizes) for b in sizes[k + 1:]]
-    tries = [(_multiple, base) for base in singles + pairs] + [(_quotient, base) for base in singles + pairs]
-    tries += [(_ceiling_quotient, base) for base in singles] + [(_offset_quotient, base) for base in singles + pairs]
+    products = [(tuple(dim for dim, _ in group), [math.prod(values) for values in zip(*(seen for _, seen in group))])
+                for n in (2, 3) for group in itertools.combinations(sizes, n)]
+    tries = [(_multiple, base) for base in singles + products] + [(_quotient, base) for base in singles + products]
+    tries += [(_ceiling_quotient, base) for base in singles] + [(_offset_quotient, base) for base in singles + products]
     tries += [(_affine, base) for base in singles]
     # per observation, {input: {dim: size}} for the varying sizes: indexed as SizeExpr.value's shapes
     observations = [{} for _ in values]
