@@ -73,11 +73,12 @@ ROUNDING_AT_OTHER_LENGTH = {"vit": "bicubic position-embedding interpolation: an
 NOISE_FLOOR_FACTOR = 10
 # Models whose step keeps its structure at the second length (or image
 # size): it compiles shape-generic there (a group at least), and later sizes
-# compile nothing. The others trace other ops at another size: ViT and DeiT
-# interpolate their position embeddings, Swin pads its windows, T5 and mT5
-# bucket relative positions by length.
+# compile nothing. ViT and DeiT interpolate their position embeddings at
+# another image size (other ops); T5, mT5, DeBERTa-v2 and Swin get another
+# group family there too (T5: one input more), not looked into.
 SHAPE_GENERIC_AT_SECOND_LENGTH = {"gpt2", "bert", "llama", "bart", "resnet", "mobilenet", "qwen2", "mistral", "gemma",
-                                  "phi3", "gpt_neox", "opt", "roberta", "electra"}
+                                  "phi3", "gpt_neox", "opt", "distilbert", "roberta", "electra", "albert", "convnext",
+                                  "resnet_hf"}
 
 
 def max_diffs(a: training.Run, b: training.Run) -> tuple[float, float]:
