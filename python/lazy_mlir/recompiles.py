@@ -21,7 +21,7 @@ import torch
 
 from . import config, metrics
 from .group_key import input_signature, tensor_digest
-from .lowering.size_constants import is_size_constant
+from .lowering.size_constants import size_constant_nodes
 from .syncs import user_source
 
 _FIELDS = ("shape", "strides", "dtype", "device", "aliasing")
@@ -86,8 +86,7 @@ def _constant_users(graph: torch._C.Graph) -> list[str]:
 
 def size_constant_user(graph: torch._C.Graph, k: int) -> str:
     """The op reading the ``k``-th size constant (``size_constants``'s order)."""
-    nodes = [n for n in graph.nodes() if n.kind() == "prim::Constant" and is_size_constant(n.output().toIValue())]
-    return _user_of(nodes[k].output())
+    return _user_of(size_constant_nodes(graph)[k].output())
 
 
 def _aliasing(same_as) -> str:

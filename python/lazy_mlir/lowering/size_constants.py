@@ -17,9 +17,14 @@ def is_size_constant(value) -> bool:
     return type(value) is int
 
 
+def size_constant_nodes(graph: torch._C.Graph) -> list[torch._C.Node]:
+    """Every size constant's node, in node order: the ordinals
+    ``ts_graph_to_fx``'s ``size_exprs`` refer to."""
+    return [n for n in graph.nodes() if n.kind() == "prim::Constant" and is_size_constant(n.output().toIValue())]
+
+
 def size_constants(graph: torch._C.Graph) -> list:
     """The value of every size constant of ``graph`` (a 0-d tensor's as an
-    int), in node order: the ordinals ``ts_graph_to_fx``'s ``size_exprs``
-    refer to."""
-    values = (n.output().toIValue() for n in graph.nodes() if n.kind() == "prim::Constant")
-    return [int(v) if isinstance(v, torch.Tensor) else v for v in values if is_size_constant(v)]
+    int), in ``size_constant_nodes``'s order."""
+    values = (n.output().toIValue() for n in size_constant_nodes(graph))
+    return [int(v) if isinstance(v, torch.Tensor) else v for v in values]
