@@ -53,14 +53,32 @@ class OrdinalDeviceData : public torch::lazy::DeviceData {
   torch::lazy::hash_t shape_hash_;
 };
 
+// LTC hands out one data object per scalar value (its data cache), and a
+// graph takes data it reads twice as one input: two scalars equal at one
+// sequence length and apart at another gave the group another input list,
+// so another shape-generic family (T5). A read-only scalar's node gets data
+// of its own, an alias of the cached tensor: one input per node, no input
+// the same tensor as another, whatever the values; the storage and its
+// version are still the ones ScalarGuards and the native entry know.
+std::shared_ptr<torch::lazy::BackendData> ownScalarData(const std::shared_ptr<torch::lazy::BackendData>& data) {
+  using Info = torch::lazy::LazyGraphExecutor::DeviceDataInfo;
+  const auto* info = dynamic_cast<const Info*>(data->info());
+  auto* ts = dynamic_cast<torch::lazy::TSData*>(data.get());
+  if (info == nullptr || !info->read_only || ts == nullptr || !ts->HasValue()) return data;
+  auto own = std::make_shared<torch::lazy::TSData>(ts->data().alias(), data->shape(), data->device());
+  own->SetInfo(std::make_shared<Info>(info->tensor_id, /*read_only=*/true));
+  return own;
+}
+
 // TorchScript's builder (delegated to: its node types are not exported to
 // subclass it) with MakeDeviceData replaced.
 struct ReusingIrBuilder : torch::lazy::IrBuilder {
   explicit ReusingIrBuilder(const torch::lazy::IrBuilder* ts) : ts(ts) {}
   const torch::lazy::IrBuilder* ts;
 
-  torch::lazy::NodePtr MakeDeviceData(const std::shared_ptr<torch::lazy::BackendData>& data) const override {
+  torch::lazy::NodePtr MakeDeviceData(const std::shared_ptr<torch::lazy::BackendData>& shared) const override {
     WithoutUserFrames data_names_no_line;  // (source_locations.h)
+    const std::shared_ptr<torch::lazy::BackendData> data = ownScalarData(shared);
     if (!FLAGS_torch_lazy_reuse_ir) return pooledDeviceData(data, ts);
     const int64_t ordinal = g_device_data_ordinal++;
     torch::lazy::NodePtr node = torch::lazy::ReuseNode<OrdinalDeviceData>(data, ordinal);

@@ -104,6 +104,24 @@ class ShiftedCappedTagger(Tagger):
         return h.reshape(b * h.shape[1], c).softmax(-1).pow(2).mean()
 
 
+class BucketTagger(Tagger):
+    """T5's relative positions: ``arange(T)`` takes the length as a scalar
+    input, and the distance is clamped to a constant that equals the first
+    length (LTC hands two equal scalars one data object)."""
+
+    def __init__(self, width, clamp=8):
+        super().__init__(width)
+        self.clamp, self.bias = clamp, nn.Embedding(clamp + 1, width)
+
+    def forward(self, ids):
+        h = torch.relu(self.fc(self.emb(ids)))
+        b, t, c = h.shape
+        pos = torch.arange(t, dtype=torch.long, device=ids.device)
+        distance = (pos[None, :] - pos[:, None]).abs().clamp(max=self.clamp)
+        h = h + self.bias(distance).mean(1)
+        return h.reshape(b * t, c).softmax(-1).pow(2).mean()
+
+
 def _train(model, shapes, device):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, snapshots = [], []
@@ -163,6 +181,16 @@ def test_a_gated_projection_and_shifted_tokens_compile_generic(fresh):
     steps = _run_both([(2, 8), (2, 8), (1, 8), (2, 12), (3, 16)], cls=GatedShiftedTagger, width=10)
     assert [s["generic_compiles"] for s in steps] == [0, 0, 0, 1, 0]
     assert [s["generic_hits"] for s in steps] == [0, 0, 0, 0, 1]
+    assert all(s["generic_failed"] == 0 for s in steps)
+
+
+def test_scalars_equal_at_one_length_compile_generic_at_the_next(fresh):
+    # at length 8 the clamp and arange's end are both 8: one input, unless
+    # each scalar gets its own data, which makes 12 another group family
+    # (test_cpp_wrapper's baked slopes check that the guards still know the scalars' tensors)
+    steps = _run_both([(2, 8), (2, 8), (2, 12), (2, 16)], cls=BucketTagger, width=18)
+    assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0]
+    assert [s["generic_hits"] for s in steps] == [0, 0, 0, 1]
     assert all(s["generic_failed"] == 0 for s in steps)
 
 
