@@ -37,6 +37,7 @@ interleaved against machine drift.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -55,7 +56,7 @@ OPT_COMPILED = ("compile_model_opt", "compile_loss_opt")
 W = 27  # the variant column
 
 
-def _make_step(name: str, variant: str, size: str):
+def _make_step(name: str, variant: str, size: str, dropout: float | None = None):
     """(step(batch) -> loss value, the model's batches) for one row; lazy_mlir
     rows initialise the lazy backend (one per process)."""
     import torch
@@ -69,6 +70,8 @@ def _make_step(name: str, variant: str, size: str):
         lazy_mlir.init(_level(variant))
     device = torch.device("lazy" if lazy else backing_device())
     v, spec = zoo.base_variant(name, size=size), zoo.SPECS[name]
+    if dropout is not None:
+        v = dataclasses.replace(v, dropout=dropout)
     model = zoo.make_model(v, torch.float32).to(device)
     model.train()
     opt = spec.optimizer(model)
@@ -113,10 +116,10 @@ def _lazy_checks(variant: str, steps: int) -> dict:
     return result
 
 
-def run_variant(name: str, variant: str, size: str, steps: int, warmup: int) -> dict:
+def run_variant(name: str, variant: str, size: str, steps: int, warmup: int, dropout: float | None) -> dict:
     """Runs in the child process."""
     lazy = variant.startswith("lazy_mlir")
-    step, batches = _make_step(name, variant, size)
+    step, batches = _make_step(name, variant, size, dropout)
     split = StepSplit() if lazy else None
     times, losses = [], []
     for i, batch in enumerate(batches(warmup + steps)):
@@ -137,13 +140,14 @@ def run_variant(name: str, variant: str, size: str, steps: int, warmup: int) -> 
     return result
 
 
-def run_paired(name: str, variants: list[str], size: str, steps: int, warmup: int, block: int) -> dict:
+def run_paired(name: str, variants: list[str], size: str, steps: int, warmup: int, block: int,
+               dropout: float | None) -> dict:
     """Runs in the child process: every row of ``name``, ``block`` steps each
     in turn (at most one lazy_mlir row), with the time in generated code
     split out."""
     if sum(v.startswith("lazy_mlir") for v in variants) > 1:
         raise SystemExit("--paired takes at most one lazy_mlir row")
-    rows = {v: _make_step(name, v, size) for v in variants}
+    rows = {v: _make_step(name, v, size, dropout) for v in variants}
     batches = rows[variants[0]][1](warmup + steps)
     results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup, block)
     for v, r in results.items():
@@ -170,18 +174,28 @@ def main():
     parser.add_argument("--size", default="tiny", choices=["tiny", "base"],
                         help="the models' size (tests/models/zoo.py SIZES): tiny, the tests' models; base, "
                              "4 layers x 256, batch 8, 128 tokens")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="the models' dropout probability (default: the zoo's first variant's, 0 for the "
+                             "seven models here)")
+    parser.add_argument("--fast-rng", action="store_true",
+                        help="lazy_mlir rows draw random numbers in the generated code (Config.fast_rng), as "
+                             "torch.compile does, instead of eager's stream in the TorchScript glue")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-paired", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(*args.child, args.size, args.steps, args.warmup)))
+        print(json.dumps(run_variant(*args.child, args.size, args.steps, args.warmup, args.dropout)))
         return
     if args.child_paired:
         print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.size, args.steps, args.warmup,
-                                    args.block)))
+                                    args.block, args.dropout)))
         return
 
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
+    if args.dropout is not None:
+        common += ["--dropout", str(args.dropout)]
+    if args.fast_rng:
+        os.environ["LAZY_MLIR_FAST_RNG"] = "1"  # the children's lazy_mlir.init reads it
     runs: dict[tuple[str, str], list[dict]] = {}
     for round_ in range(args.rounds):
         for name in args.models.split(","):
@@ -203,7 +217,8 @@ def main():
            "all rows of a model in one process taking turns step by step" if args.block == 1 else
            f"all rows of a model in one process taking turns every {args.block} steps, the first of each turn "
            f"not timed")
-    print(f"\nZoo training steps (fp32, {args.size} models) on {backing_device()}, {args.steps} timed steps after "
+    dropout = ("" if args.dropout is None else f", dropout {args.dropout:g}") + (", fast_rng" if args.fast_rng else "")
+    print(f"\nZoo training steps (fp32, {args.size} models{dropout}) on {backing_device()}, {args.steps} timed steps after "
           f"{args.warmup} warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
     print(f"{'model':<10}{'variant':<{W}}{'ms/step':>9}{RATIO_COLUMNS}{'/c.l+opt':>9}{'first s':>9}"

@@ -54,18 +54,22 @@ def test_each_group_is_captured_at_its_second_run_and_replayed_after(captured):
 
 def test_which_groups_are_never_captured():
     lowered = group_lowering.LoweredGroup(run=None, guards=[])
+    plain = torch._C.parse_ir("graph(%x : Tensor):\n  %y : Tensor = aten::relu(%x)\n  return (%y)")
+    drawing = torch._C.parse_ir("graph(%x : Tensor):\n  %g : NoneType = prim::Constant()\n"
+                                "  %y : Tensor = aten::rand_like(%x, %g, %g, %g, %g, %g)\n  return (%y)")
     gpu = config.Config(device="cpu")
     gpu.device = "cuda"  # no validate(): this machine may have no GPU
-    assert cuda_graphs.eligible(gpu, lowered)
-    assert not cuda_graphs.eligible(config.Config(device="cpu"), lowered)
+    assert cuda_graphs.eligible(gpu, lowered, plain)
+    assert not cuda_graphs.eligible(config.Config(device="cpu"), lowered, plain)
     off = config.Config(device="cpu", cuda_graphs=False)
     off.device = "cuda"
-    assert not cuda_graphs.eligible(off, lowered)
+    assert not cuda_graphs.eligible(off, lowered, plain)
     gathered = group_lowering.LoweredGroup(run=None, guards=[], collective_bytes={"all_gather": 64})
-    assert not cuda_graphs.eligible(gpu, gathered)
+    assert not cuda_graphs.eligible(gpu, gathered, plain)
     donated = config.Config(device="cpu", donated_inputs=(0,))
     donated.device = "cuda"
-    assert not cuda_graphs.eligible(donated, lowered)
+    assert not cuda_graphs.eligible(donated, lowered, plain)
+    assert not cuda_graphs.eligible(gpu, lowered, drawing)  # fast_rng's draws: seeds on replay not checked
 
 
 def test_code_taking_host_inputs_is_not_captured():

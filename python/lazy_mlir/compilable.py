@@ -18,15 +18,22 @@ PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit
 
 # Ops kept in TorchScript: host syncs, and random ops whose stream of draws
 # must match eager PyTorch exactly (the C++ core keeps RANDOM_OPS in trace
-# order: lazy_backend/draw_order.h).
+# order: lazy_backend/draw_order.h), unless Config.fast_rng lets the
+# generated code draw GENERATED_RANDOM_OPS. randn, randn_like and normal_
+# trace as normal_functional (functionalization's name for normal_).
 HOST_SYNCS = {"aten::_local_scalar_dense", "aten::item"}
 RANDOM_OPS = {
     "aten::bernoulli", "aten::dropout", "aten::native_dropout", "aten::rand", "aten::rand_like",
     "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like", "aten::randperm",
-    "aten::normal", "aten::uniform", "aten::multinomial", "aten::exponential", "aten::geometric",
-    "aten::cauchy", "aten::log_normal", "aten::random",
+    "aten::normal", "aten::normal_functional", "aten::uniform", "aten::multinomial", "aten::exponential",
+    "aten::geometric", "aten::cauchy", "aten::log_normal", "aten::random",
 }
 DENIED = HOST_SYNCS | RANDOM_OPS
+# Random ops the generated code draws itself with Config.fast_rng: what
+# dropout, bernoulli, rand(_like), randn(_like), uniform_ and normal_ trace
+# as (each through the whole chain in tests/test_fast_rng.py).
+GENERATED_RANDOM_OPS = {"aten::native_dropout", "aten::bernoulli", "aten::uniform", "aten::normal_functional"}
+_fast_rng = False  # set_fast_rng's choice
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 # Ops returning tensor lists that the TS -> FX conversion expands into
@@ -61,6 +68,16 @@ def generation() -> int:
     return _generation
 
 
+def set_fast_rng(on: bool) -> None:
+    """GENERATED_RANDOM_OPS join groups (Config.fast_rng; lazy_mlir.init calls this)."""
+    global _fast_rng
+    _fast_rng = on
+
+
+def draws_random(graph: torch._C.Graph) -> bool:
+    return any(node.kind() in RANDOM_OPS for node in graph.nodes())
+
+
 def _plain_values(values) -> bool:
     return all(isinstance(v.type(), _VALUE_TYPES) for v in values)
 
@@ -81,7 +98,7 @@ def classify(node: torch._C.Node) -> int:
         # producer's depth, so in its group; of anything else: TorchScript.
         producer = node.input().node().kind()
         return COMPUTE if producer in LIST_RETURNING and _unpacked_tensor_list(node.input()) else NOT_COMPILABLE
-    if kind in _allowed:
+    if kind in _allowed or (_fast_rng and kind in GENERATED_RANDOM_OPS):
         return COMPUTE
     if not kind.startswith(COMPILED_NAMESPACES) or kind in DENIED:
         return NOT_COMPILABLE

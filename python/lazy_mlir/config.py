@@ -118,6 +118,13 @@ class Config:
     # LTC sync on GPT-mini, its generated code as fast or faster (README).
     # LAZY_MLIR_FUSE_OPTIMIZER=0 turns it off.
     fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", True))
+    # Dropout masks and other random draws (compilable.GENERATED_RANDOM_OPS)
+    # made by the generated code from a seed it draws from torch's generator
+    # at each run, as torch.compile does, instead of by aten's kernels in the
+    # TorchScript glue in eager's order: a dropout model's step is one group,
+    # and its masks are as random but not eager's. Reproducible under
+    # torch.manual_seed. Off by default; LAZY_MLIR_FAST_RNG=1 turns it on.
+    fast_rng: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FAST_RNG", False))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile

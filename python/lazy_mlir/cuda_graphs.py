@@ -18,9 +18,10 @@ Not captured: groups with collectives (NCCL's own streams), with buffers
 donated to the code (written in place by design: with CUDA graphs on,
 groups are offered none), and code that takes an
 input off the GPU (a host value read at launch would be baked in). Random
-ops never reach a group (compilable.DENIED: they draw in the TorchScript
-glue, whose results are inputs). A capture that fails leaves the code
-running as before, with a warning.
+ops reach a group only with Config.fast_rng (otherwise they draw in the
+TorchScript glue, whose results are inputs); such a group is not captured
+(a replay's seeds are not checked on a GPU yet). A capture that fails
+leaves the code running as before, with a warning.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import warnings
 
 import torch
 
-from . import metrics
+from . import compilable, metrics
 
 # Runs of the same code (the first compiles it and autotunes its kernels)
 # before it is captured.
@@ -42,9 +43,10 @@ def wanted(cfg) -> bool:
     return cfg.cuda_graphs and cfg.device == "cuda"
 
 
-def eligible(cfg, lowered) -> bool:
+def eligible(cfg, lowered, graph) -> bool:
     """Whether a group's code may be captured (then its inputs decide, see capture)."""
-    return wanted(cfg) and not lowered.collective_bytes and not cfg.donated_inputs
+    return (wanted(cfg) and not lowered.collective_bytes and not cfg.donated_inputs
+            and not compilable.draws_random(graph))
 
 
 class GraphedCode:

@@ -372,7 +372,7 @@ class GroupExecutable:
     def _use(self, lowered):
         compiled = lowered is not None and not isinstance(lowered, _Compiling)
         self._probe_next = compiled and not lowered.collective_bytes
-        graphed = compiled and cuda_graphs.eligible(self.cfg, lowered)
+        graphed = compiled and cuda_graphs.eligible(self.cfg, lowered, self.graph)
         self._capture_after = cuda_graphs.RUNS_BEFORE_CAPTURE if graphed else 0
         if isinstance(lowered, _Compiling):
             self.lowered, self._compiling = None, lowered
