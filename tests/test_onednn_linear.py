@@ -247,6 +247,28 @@ def test_mlp_trains_as_eager_with_its_linears_on_onednn(tmp_path, any_size, cpp_
         assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"] > 0, metrics.report()
 
 
+class SummedLinear(torch.nn.Module):
+    """A loss that sums a linear's output: the output's gradient is an expanded tensor (strides of 0)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)  # eager's and the lazy model's weights alike
+        self.fc = torch.nn.Linear(24, 24, bias=False)
+
+    def forward(self, x, y):
+        return self.fc(x).sum()
+
+
+def test_an_expanded_gradient_is_timed_and_trains_as_eager(tmp_path, any_size, monkeypatch):
+    """The stopwatch's random operands take the product's strides: filling an
+    expanded one in place failed, and the group with it ran in TorchScript."""
+    monkeypatch.setattr(onednn_linear, "_measured", {})
+    batches = [(torch.randn(5, 24), torch.zeros(5)) for _ in range(3)]
+    trained_like_eager(tmp_path, SummedLinear, sgd, batches, 1e-5, 1e-6, onednn_linear="auto")
+    layouts = [layout for _, _, operands in onednn_linear.measured_products() for layout in operands if layout]
+    assert any(0 in strides for _, strides in layouts), layouts
+
+
 def test_the_ops_are_cpu_kernels_in_cpp():
     """The generated code calls the ops through the dispatcher with the GIL
     released: a Python kernel would take the GIL back on every call (and

@@ -201,7 +201,7 @@ def onednn_is_faster(target, args) -> bool:
     signature = (str(target), torch.get_num_threads(),
                  tuple(None if v is None else (tuple(v.shape), tuple(v.stride())) for v in vals))
     if signature not in _measured:
-        tensors = [None if v is None else torch.empty_strided(v.shape, v.stride()).normal_() for v in vals]
+        tensors = [None if v is None else _random_laid_out_as(v) for v in vals]
         if target is torch.ops.lazy_mlir.onednn_linear.default:
             x, w, bias = tensors
             mkl = (lambda: torch.mm(x, w.t())) if bias is None else (lambda: torch.addmm(bias, x, w.t()))
@@ -210,6 +210,14 @@ def onednn_is_faster(target, args) -> bool:
         _measured[signature] = _median_seconds(mkl, functools.partial(target, *tensors))
     mkl_seconds, onednn_seconds = _measured[signature]
     return onednn_seconds < MIN_GAIN * mkl_seconds
+
+
+def _random_laid_out_as(v: torch.Tensor) -> torch.Tensor:
+    """Random values with ``v``'s sizes and strides. A gradient of a sum is
+    an expanded tensor (strides of 0), whose elements share memory: filling
+    it in place is an error, so the values are drawn in the storage it spans."""
+    span = 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if n > 0)
+    return torch.randn(span).as_strided(v.shape, v.stride())
 
 
 def _median_seconds(*candidates) -> tuple[float, ...]:
