@@ -21,6 +21,7 @@ from torch._C._dynamo.guards import TensorGuards
 from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile, metrics,
                native_call, parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
+from .lowering.ts_to_fx import NoSymbolicShapes
 
 lower_group = lowering_function("lower_group")
 prepare_group = lowering_function("prepare_group")
@@ -579,6 +580,11 @@ class GroupExecutable:
                   flush=True)
         try:
             lowered = shape_generic.compile_generic(self.graph, inputs, self.name, self.cfg, sighting, planned)
+        except NoSymbolicShapes as exc:  # known beforehand to be static: said where asked, not warned
+            shape_generic.give_up(sighting.family, str(exc))
+            if self.cfg.logs("recompiles") or self.cfg.logs("dynamic"):
+                print(f"lazy_mlir: {self.name} compiles static: {exc}", file=sys.stderr)
+            return None
         except Exception as exc:  # noqa: BLE001 - the static form is always there to fall back on
             shape_generic.give_up(sighting.family)
             metrics.count_cache("generic_failed")

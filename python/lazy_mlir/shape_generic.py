@@ -248,7 +248,7 @@ class Sighting:
 _observed: dict[str, list[Sighting]] = {}  # family -> sizes seen (the first MAX_OBSERVATIONS)
 _generic: dict[str, list[GenericGroup]] = {}
 _families_read: set[str] = set()  # families whose variants in the cache folder were read
-_given_up: set[str] = set()  # families whose generic compile failed: static from then on
+_given_up: dict[str, str] = {}  # family -> why its generic compile failed: static from then on
 _baked: dict[str, set[int]] = {}  # family -> scalar inputs its compiled variants baked in
 MAX_OBSERVATIONS = 16
 
@@ -418,7 +418,7 @@ def _plan(sighting: Sighting, inputs: list[torch.Tensor]):
     shapes = sighting.shapes
     seen = [o for o in _observed.get(sighting.family, ()) if o.shapes != shapes]
     if sighting.family in _given_up:
-        return _Refused("its generic compile failed before")
+        return _Refused(_given_up[sighting.family])
     if not seen:
         return None
     points = seen + [sighting]
@@ -505,10 +505,10 @@ def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str
     return lowered
 
 
-def give_up(family: str) -> None:
+def give_up(family: str, reason: str = "its generic compile failed before") -> None:
     """A family whose generic compile failed compiles every size static
     (not the same failing compile again at each new size)."""
-    _given_up.add(family)
+    _given_up[family] = reason
 
 
 def _has_expr(generic) -> bool:

@@ -33,6 +33,11 @@ class ConversionError(RuntimeError):
     """A node the converter cannot express; names the op and its source line."""
 
 
+class NoSymbolicShapes(ConversionError):
+    """An op torch has no shape function for on symbolic sizes (no meta
+    kernel: aten::geqrf): its group compiles static, which is no failure."""
+
+
 def _describe(node: torch._C.Node) -> str:
     where = f" at {node.s('source')}" if node.hasAttribute("source") else ""
     return f"{node.kind()}{where}"
@@ -277,6 +282,10 @@ class _Converter:
                         call.meta["val"] = torch.utils._pytree.tree_map_only(
                             torch.Tensor, lambda t: t.clone(memory_format=torch.contiguous_format),
                             view(*self._fake_args(args), **self._fake_args(kwargs)))
+                except torch._subclasses.fake_tensor.UnsupportedOperatorException as exc:
+                    if self.input_fakes is None:
+                        raise ConversionError(f"lazy_mlir: shape inference failed for {_describe(node)}: {exc}") from exc
+                    raise NoSymbolicShapes(f"{_describe(node)} has no shape function for symbolic sizes") from exc
                 except Exception as exc:
                     raise ConversionError(f"lazy_mlir: shape inference failed for {_describe(node)}: {exc}") from exc
         if len(outputs) == 1:
