@@ -30,7 +30,7 @@ class _StandIn:
 @pytest.fixture
 def captured(monkeypatch):
     _StandIn.made = []
-    monkeypatch.setattr(cuda_graphs, "eligible", lambda cfg, lowered: True)
+    monkeypatch.setattr(cuda_graphs, "eligible", lambda cfg, lowered, graph: True)
     monkeypatch.setattr(cuda_graphs, "capture", _StandIn)
     lazy_mlir.init("O1")
     lazy_mlir._C.clear_computation_cache()  # an earlier test's graph would keep its executables

@@ -21,7 +21,7 @@ from torch._C._dynamo.guards import TensorGuards
 from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile, metrics,
                native_call, parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
-from .lowering.ts_to_fx import NoSymbolicShapes
+from .lowering.errors import NoSymbolicShapes
 
 lower_group = lowering_function("lower_group")
 prepare_group = lowering_function("prepare_group")

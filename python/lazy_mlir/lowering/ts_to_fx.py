@@ -24,18 +24,12 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from .errors import ConversionError, NoSymbolicShapes
 from .fused_optimizer import EXPANSIONS as _OPTIMIZER_EXPANSIONS
 from .op_aliases import alias_of
 from .size_constants import is_size_constant, size_constants  # noqa: F401 - re-exported
 
 
-class ConversionError(RuntimeError):
-    """A node the converter cannot express; names the op and its source line."""
-
-
-class NoSymbolicShapes(ConversionError):
-    """An op torch has no shape function for on symbolic sizes (no meta
-    kernel: aten::geqrf): its group compiles static, which is no failure."""
 
 
 def _describe(node: torch._C.Node) -> str:
