@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import compilable, metrics
+from lazy_mlir import metrics
 from helpers import LAZY, assert_compiled
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
@@ -114,7 +114,7 @@ def test_a_value_read_mid_step_keeps_the_steps_masks(fast_rng):
 
 def test_without_fast_rng_draws_stay_in_the_glue(lazy_level):
     # the default: eager's stream, drawn by TorchScript between two groups
-    assert not compilable._fast_rng
+    assert not lazy_mlir.config.current.fast_rng
     torch.manual_seed(0)
     model = Noisy().to(LAZY)
     x = torch.randn(16, 40).to(LAZY)

@@ -52,7 +52,6 @@ def init(level: str = "O1", **options) -> config.Config:
     config.current = cfg
     # traced ops record their trace order (random draws keep it) and the user's frame
     _C.install_source_locations(list(syncs.INTERNAL_DIRS), record_frames=cfg.source_lines)
-    compilable.set_fast_rng(cfg.fast_rng)
     # all of them, fast_rng or not: a value read mid-step that depends on a
     # draw syncs the whole step (value_reads.h), or the step would draw again
     _C.set_random_ops(sorted(compilable.RANDOM_OPS))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from . import config
+
 NOT_COMPILABLE, COMPUTE, PLUMBING = 0, 1, 2
 
 PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit", "aten::IntImplicit",
@@ -33,7 +35,6 @@ DENIED = HOST_SYNCS | RANDOM_OPS
 # dropout, bernoulli, rand(_like), randn(_like), uniform_ and normal_ trace
 # as (each through the whole chain in tests/test_fast_rng.py).
 GENERATED_RANDOM_OPS = {"aten::native_dropout", "aten::bernoulli", "aten::uniform", "aten::normal_functional"}
-_fast_rng = False  # set_fast_rng's choice
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 # Ops returning tensor lists that the TS -> FX conversion expands into
@@ -68,12 +69,6 @@ def generation() -> int:
     return _generation
 
 
-def set_fast_rng(on: bool) -> None:
-    """GENERATED_RANDOM_OPS join groups (Config.fast_rng; lazy_mlir.init calls this)."""
-    global _fast_rng
-    _fast_rng = on
-
-
 def draws_random(graph: torch._C.Graph) -> bool:
     return any(node.kind() in RANDOM_OPS for node in graph.nodes())
 
@@ -98,7 +93,7 @@ def classify(node: torch._C.Node) -> int:
         # producer's depth, so in its group; of anything else: TorchScript.
         producer = node.input().node().kind()
         return COMPUTE if producer in LIST_RETURNING and _unpacked_tensor_list(node.input()) else NOT_COMPILABLE
-    if kind in _allowed or (_fast_rng and kind in GENERATED_RANDOM_OPS):
+    if kind in _allowed or (kind in GENERATED_RANDOM_OPS and config.current.fast_rng):
         return COMPUTE
     if not kind.startswith(COMPILED_NAMESPACES) or kind in DENIED:
         return NOT_COMPILABLE

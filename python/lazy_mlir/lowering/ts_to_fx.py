@@ -21,7 +21,7 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .errors import ConversionError, NoSymbolicShapes
@@ -276,11 +276,9 @@ class _Converter:
                         call.meta["val"] = torch.utils._pytree.tree_map_only(
                             torch.Tensor, lambda t: t.clone(memory_format=torch.contiguous_format),
                             view(*self._fake_args(args), **self._fake_args(kwargs)))
-                except torch._subclasses.fake_tensor.UnsupportedOperatorException as exc:
-                    if self.input_fakes is None:
-                        raise ConversionError(f"lazy_mlir: shape inference failed for {_describe(node)}: {exc}") from exc
-                    raise NoSymbolicShapes(f"{_describe(node)} has no shape function for symbolic sizes") from exc
                 except Exception as exc:
+                    if self.input_fakes is not None and isinstance(exc, UnsupportedOperatorException):
+                        raise NoSymbolicShapes(f"{_describe(node)} has no shape function for symbolic sizes") from exc
                     raise ConversionError(f"lazy_mlir: shape inference failed for {_describe(node)}: {exc}") from exc
         if len(outputs) == 1:
             self.env[outputs[0]] = call
