@@ -90,6 +90,26 @@ def in_layout(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     return base.copy_(source).expand(t.shape)
 
 
+def _layout_moves(inputs: list[torch.Tensor], expected: list[tuple]) -> list[tuple[int, tuple]] | None:
+    """(position, strides) per input to copy into the layout ``expected``
+    ((shape, strides, dtype, device) per input) gives it; None if sizes,
+    dtypes or devices differ or a copy cannot write that layout."""
+    if len(expected) != len(inputs):
+        return None
+    moved = []
+    for i, (t, (shape, strides, dtype, device)) in enumerate(zip(inputs, expected)):
+        if (t.shape, t.dtype, t.device) != (shape, dtype, device):
+            return None
+        if t.stride() != strides:
+            moved.append((i, strides))
+    try:
+        for i, strides in moved:
+            in_layout(inputs[i], strides)
+    except RuntimeError:  # a layout no copy can write: compile for these inputs instead
+        return None
+    return moved
+
+
 def _shared_outputs(outputs: list[torch._C.Value]) -> list[tuple[int, int]]:
     """(k, j): output k is ``detach_copy`` of output j. The generated code
     returns one tensor for both (a parameter and its functionalization base:
@@ -191,6 +211,14 @@ class _Compiling:
     compiled_for: list | None = None  # deferred: (shape, strides, dtype, device) of the inputs the code takes
 
 
+# Deferred compiles' guessed input layouts (GroupExecutable._adapt_layouts)
+# by the group's structure and configuration, with the code: the same group
+# bound in a later graph (a step that traces another graph around the same
+# groups: a running loss's first add, graph_clusterer.h) adapts as well,
+# instead of compiling for the layouts generated code gives.
+_layout_guesses: dict[tuple[str, str], tuple[list, "_Compiling", object, str]] = {}
+
+
 class GroupExecutable:
     def __init__(self, graph: torch._C.Graph, name: str, cfg: config.Config, describe: str, num_ops: int):
         self.graph = graph.copy()
@@ -269,7 +297,7 @@ class GroupExecutable:
             if guard.check(*inputs):
                 break
         else:
-            if self._adapt_layouts(inputs):
+            if self._adapt_layouts(inputs) or self._adopt_layout_guess(inputs):
                 return self._run(inputs)
             guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key())
             self._layouts.append((guard, key))
@@ -299,20 +327,10 @@ class GroupExecutable:
         takes rather than compiling again. Once, for the layout that first
         came: any other is a variant like any other."""
         expected, self._guessed_layouts = self._guessed_layouts, None
-        if expected is None or self.lowered is None or len(expected) != len(inputs):
+        if expected is None or self.lowered is None:
             return False
-        moved = []
-        for i, (t, (shape, strides, dtype, device)) in enumerate(zip(inputs, expected)):
-            if (t.shape, t.dtype, t.device) != (shape, dtype, device):
-                return False
-            if t.stride() != strides:
-                moved.append((i, strides))
+        moved = _layout_moves(inputs, expected)
         if not moved:
-            return False
-        try:
-            for i, strides in moved:
-                in_layout(inputs[i], strides)
-        except RuntimeError:  # a layout no copy can write: compile for these inputs instead
             return False
         metrics.count_cache("layout_adapted")
         guard, code = layout_guard(inputs), self._run
@@ -327,6 +345,25 @@ class GroupExecutable:
 
         self._run = adapted
         return True
+
+    def _structure_key(self) -> tuple[str, str]:
+        return group_key.structure(self.graph), self.cfg.key()
+
+    def _adopt_layout_guess(self, inputs) -> bool:
+        """At the first run: the code another graph's copy of this group
+        compiled deferred, adapted to these inputs' layouts as that copy
+        would be (_adapt_layouts)."""
+        if self._layouts or not _layout_guesses:
+            return False
+        guess = _layout_guesses.get(self._structure_key())
+        if guess is None or not _layout_moves(inputs, guess[0]):
+            return False  # other sizes, or the layouts the code took: looked up as any group
+        compiled_for, compiling, layout, key = guess
+        if not compiling.future.done() or compiling.future.result() is None:
+            return False  # still compiling, or failed: its copy will not adapt either
+        self._use(compiling.future.result())
+        self.layout, self.cache_key, self._guessed_layouts = layout, key, compiled_for
+        return self._adapt_layouts(inputs)
 
     def _guarded(self, inputs):
         if not self.layout.check(*inputs):
@@ -567,9 +604,11 @@ class GroupExecutable:
             failed = Future()
             failed.set_result(None)
             return _Compiling(failed, started_here=True, deferred=True)
-        return _Compiling(parallel_compile.defer(self.name, job), started_here=True, deferred=True,
-                          strides=job.output_strides,
-                          compiled_for=[(t.shape, t.stride(), t.dtype, t.device) for t in job.inputs])
+        compiling = _Compiling(parallel_compile.defer(self.name, job), started_here=True, deferred=True,
+                               strides=job.output_strides,
+                               compiled_for=[(t.shape, t.stride(), t.dtype, t.device) for t in job.inputs])
+        _layout_guesses[self._structure_key()] = (compiling.compiled_for, compiling, self.layout, self.cache_key)
+        return compiling
 
     def _compile_generic(self, inputs, sighting, planned, in_background=False):
         """The shape-generic form planned by ``shape_generic.plan``; None
