@@ -5,6 +5,7 @@
 #include "draw_order.h"
 
 #include <queue>
+#include <unordered_set>
 
 namespace lazy_mlir {
 
@@ -73,6 +74,53 @@ void GraphClusterer::classifyNodes() {
     if (last_draw != nullptr) previous_draw_[n] = last_draw;
     last_draw = n;
   }
+}
+
+// A small node stays in the glue if every use is the graph's return or
+// another such node, and every tensor it reads is a graph input, a value the
+// graph returns anyway, or another such node's: dropping one that fails
+// may fail its neighbours, so this repeats until nothing changes.
+void GraphClusterer::keepSmallRootsInGlue() {
+  static const auto small = c10::Symbol::attr(kSmallResultAttribute);
+  Node* const ret = graph_->return_node();
+  std::unordered_set<Node*> kept;
+  for (Node* n : graph_->nodes()) {
+    if (!n->hasAttribute(small)) continue;
+    if (class_[n] == NodeClass::kCompute && n->outputs().size() == 1 && !isRandomOp(n->kind())) kept.insert(n);
+    n->removeAttribute(small);
+  }
+  auto returned = [ret](const Value* v) {
+    const auto& uses = v->uses();
+    return std::any_of(uses.begin(), uses.end(), [ret](const torch::jit::Use& u) { return u.user == ret; });
+  };
+  // A tensor from outside any group; other values through plumbing (which
+  // follows its consumer out of the group) from such tensors.
+  std::function<bool(Value*)> readable = [&](Value* v) {
+    Node* p = v->node();
+    if (isTensor(v)) return p->kind() == prim::Param || returned(v) || kept.count(p) > 0;
+    if (class_[p] != NodeClass::kPlumbing) return false;
+    return std::all_of(p->inputs().begin(), p->inputs().end(), readable);
+  };
+  auto stays = [&](Node* n) {
+    for (const torch::jit::Use& u : n->output()->uses()) {
+      if (u.user != ret && !kept.count(u.user)) return false;
+    }
+    return isTensor(n->output()) && std::all_of(n->inputs().begin(), n->inputs().end(), readable);
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Node* n : graph_->nodes()) {
+      if (kept.count(n) && !stays(n)) {
+        kept.erase(n);
+        changed = true;
+      }
+    }
+  }
+  const bool other_compute = std::any_of(graph_->nodes().begin(), graph_->nodes().end(), [&](Node* n) {
+    return class_[n] == NodeClass::kCompute && !kept.count(n);
+  });
+  if (!other_compute) return;  // nothing else to compile: the small roots are the group
+  for (Node* n : kept) class_[n] = NodeClass::kNotCompilable;
 }
 
 // What `n` must come after: the producers of its inputs and, for a random
@@ -195,6 +243,7 @@ std::vector<Node*> GraphClusterer::buildGroups() {
 
 std::vector<Node*> GraphClusterer::run() {
   classifyNodes();
+  keepSmallRootsInGlue();
   assignGroups();
   if (num_groups_ == 0) return {};
   orderNodesByGroup();

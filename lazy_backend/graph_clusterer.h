@@ -11,6 +11,15 @@
 // groups can never form a cycle, and each group is as large as it can be.
 // Random draws left in the graph keep their order (draw_order.h): each counts
 // as an input of the next, for the depth and for the order of the nodes.
+//
+// Small roots computed only from graph inputs and other roots (a loss summed
+// across steps, `running_loss += loss.detach()` before or after mark_step,
+// which the first step starts from a Python float) stay in the glue when the
+// graph computes anything else: in a group they would make that step's group
+// differ from the other steps', a compile of the whole step for a scalar op.
+// In the glue they cost a TorchScript op each, and the group is reused. A
+// graph of such roots alone (the running loss read after the last step)
+// still compiles: a graph of small ops is what an op's test compiles.
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>
@@ -21,6 +30,12 @@
 #include <vector>
 
 namespace lazy_mlir {
+
+// Set by the lowering (LazyMlirBackend::CreateLoweringContext) on nodes
+// whose result has at most kSmallResultElements elements: TorchScript graphs
+// carry no sizes. The clusterer removes it from the graph it clusters.
+constexpr const char* kSmallResultAttribute = "small_result";
+constexpr int64_t kSmallResultElements = 1024;
 
 enum class NodeClass { kNotCompilable = 0, kCompute = 1, kPlumbing = 2 };
 
@@ -44,6 +59,7 @@ class GraphClusterer {
  private:
   void splitSharedPlumbing();
   void classifyNodes();
+  void keepSmallRootsInGlue();
   std::vector<torch::jit::Node*> predecessors(torch::jit::Node* n) const;
   void assignGroups();
   void orderNodesByGroup();

@@ -155,8 +155,11 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
   // Per lowered value: where it comes from in LTC's post-order (not the draw
   // order; Compile reads the outputs' positions from it), and the source line
   // its op was traced at (the TS lowering names the Python frame current at
-  // lowering, mark_step's, on every node).
+  // lowering, mark_step's, on every node). Nodes whose results are small
+  // get kSmallResultAttribute: TorchScript graphs carry no sizes, and the
+  // clusterer keeps small roots in the glue (graph_clusterer.h).
   static const auto source = c10::Symbol::attr("source");
+  static const auto small = c10::Symbol::attr(kSmallResultAttribute);
   LoweredOutputs& outputs = LoweredOutputs::current();
   outputs.reset(ts_context->graph().get(), original_order.size());
   for (size_t position = 0; position < original_order.size(); ++position) {
@@ -167,7 +170,13 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
     for (size_t i = 0; i < node->num_outputs(); ++i) {
       torch::jit::Value* value = ts_context->GetOutputOp(torch::lazy::Output(node, i));
       outputs.add(value, node, static_cast<uint32_t>(position), static_cast<uint32_t>(i));
-      if (frame && value->node()->hasAttribute(source)) value->node()->s_(source, where);
+      torch::jit::Node* lowered = value->node();
+      if (frame && lowered->hasAttribute(source)) lowered->s_(source, where);
+      // (some nodes, ZeRO's collectives among them, carry no shapes)
+      if (lowered->kind() != torch::jit::prim::Param && lowered->outputs().size() == 1 &&
+          i < node->shapes().size() && node->shape(i).numel() <= kSmallResultElements) {
+        lowered->i_(small, 1);
+      }
     }
   }
   return context;

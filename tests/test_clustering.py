@@ -64,6 +64,74 @@ graph(%x : Tensor, %y : Tensor):
     g.lint()
 
 
+def _glue_and_group_kinds(g):
+    glue = [n.kind() for n in g.nodes() if n.kind() not in ("prim::FusionGroup", "prim::Constant")]
+    groups = [sorted(n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant")
+              for group in g.nodes() if group.kind() == "prim::FusionGroup"]
+    return glue, groups
+
+
+def test_small_roots_of_inputs_and_outputs_stay_in_the_glue():
+    """A loss summed across steps (``running = running + loss.detach()``,
+    whose first step adds a Python float) is a small root of graph inputs and
+    returned values: left in TorchScript, so the step's group is the same
+    with it, without it and with its first form. The lowering marks small
+    results (``small_result``, from LTC's shapes); the clusterer removes the
+    mark. A small root that reads a group's inner value, and the large
+    ones, stay in the group."""
+    lazy_mlir.init("O1")
+    g = torch._C.parse_ir("""
+graph(%x : Tensor, %w : Tensor, %running : Tensor, %one : Tensor):
+  %a : Scalar = aten::ScalarImplicit(%one)
+  %h : Tensor = aten::mm(%x, %w)
+  %none : NoneType = prim::Constant()
+  %loss : Tensor = aten::sum[small_result=1](%h, %none)
+  %inner : Tensor = aten::sum[small_result=1](%h, %none)
+  %kept : Tensor = aten::detach_copy[small_result=1](%loss)
+  %total : Tensor = aten::add[small_result=1](%running, %kept, %a)
+  %twice : Tensor = aten::mul[small_result=1](%inner, %inner)
+  %w2 : Tensor = aten::add(%w, %w, %a)
+  return (%loss, %total, %twice, %w2)
+""")
+    assert _C.cluster(g) == 1
+    glue, groups = _glue_and_group_kinds(g)
+    assert glue == ["aten::ScalarImplicit", "aten::detach_copy", "aten::add"]
+    assert groups == [["aten::ScalarImplicit", "aten::add", "aten::mm", "aten::mul", "aten::sum", "aten::sum"]]
+    assert "small_result" not in str(g)
+    g.lint()
+
+
+def test_a_graph_of_small_roots_alone_is_still_compiled():
+    """The running loss read after the last step, its add pending alone:
+    a graph of small ops is also what an op's test compiles."""
+    lazy_mlir.init("O1")
+    g = torch._C.parse_ir("""
+graph(%running : Tensor, %loss : Tensor, %one : Tensor):
+  %a : Scalar = aten::ScalarImplicit(%one)
+  %total : Tensor = aten::add[small_result=1](%running, %loss, %a)
+  return (%total)
+""")
+    assert _C.cluster(g) == 1
+    assert _glue_and_group_kinds(g)[0] == []
+
+
+def test_a_small_result_unpacked_from_a_groups_list_stays_in_the_group():
+    """An SGD step of one small parameter: the ListUnpack reads a Tensor[],
+    which cannot leave a group."""
+    lazy_mlir.init("O1")
+    g = torch._C.parse_ir("""
+graph(%p : Tensor, %g : Tensor, %lr : Tensor):
+  %ps : Tensor[] = prim::ListConstruct(%p)
+  %gs : Tensor[] = prim::ListConstruct(%g)
+  %out : Tensor[] = lazy_mlir::sgd_step(%ps, %gs, %lr)
+  %new : Tensor = prim::ListUnpack[small_result=1](%out)
+  return (%new, %g)
+""")
+    assert _C.cluster(g) == 1
+    assert _glue_and_group_kinds(g)[0] == []
+    g.lint()
+
+
 def test_o2_names_the_op_and_its_source_line(deny_tanh):
     g = torch._C.parse_ir(GRAPH)
     with pytest.raises(RuntimeError, match=r"aten::tanh cannot be compiled \(at model.py forward 12\)"):

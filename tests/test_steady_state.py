@@ -268,3 +268,27 @@ def test_tensors_kept_across_steps_are_data_not_graph_roots(lazy_level, pattern,
     (eager, _, _), (lazy, misses, _) = run(torch.device("cpu")), run(torch.device("lazy"))
     assert misses == [1, 0, 0]
     assert_same_training(eager, lazy, param_atol=1e-5)
+
+
+def test_a_loss_summed_after_mark_step_compiles_no_other_group(lazy_level):
+    """``running += loss.detach()`` after mark_step traces its add into the
+    next step's graph: at step 1 from a Python float, at step 2 from a
+    tensor, so steps 1 and 2 trace new graphs. The add stays in the glue
+    graph (graph_clusterer.h): the step's group is step 0's. Before: group
+    compiles [1, 1, 1, 0]. Reading the sum at the end runs its add alone."""
+    cfg = _cfg(44)
+    batches = list(gpt_batches(cfg, steps=4))
+    running = {}
+
+    def keep(loss):
+        running[loss.device.type] = running.get(loss.device.type, 0.0) + loss.detach()
+        return loss.item()
+
+    eager, _, _ = _train_model(make_gpt(cfg), cfg, batches=batches, keep=keep)
+    lazy, misses, snaps = _train_model(make_gpt(cfg).to("lazy"), cfg, batches=batches, keep=keep)
+    assert misses == [1, 1, 1, 0]
+    assert [s["group_cache_misses"] + s["group_cache_disk_hits"] for s in snaps] == [1, 0, 0, 0], metrics.report()
+    total = running["lazy"].item()
+    assert total == pytest.approx(float(lazy[0].sum()), rel=1e-6)
+    assert total == pytest.approx(running["cpu"].item(), rel=1e-5)
+    assert_same_training(eager, lazy, param_atol=1e-5)

@@ -2,7 +2,8 @@
 
 Phases of a lazy run (``WARMUP`` steps, one more step of the same shape,
 a ragged batch, a batch at the other length):
-  warmup  the first steps compile (step 0 and 1 differ: optimizer state init)
+  warmup  the first steps compile (step 0 and 1 trace other graphs: the
+          running loss starts from a Python float)
   steady  a step of a shape already seen: must compile nothing
   ragged  a smaller batch (an epoch's last): a new shape, may compile
   length  the model's other sequence length (image size): may compile
@@ -30,6 +31,7 @@ class Run:
     phases: dict[str, dict] = field(default_factory=dict)   # phase -> metrics.snapshot()
     reports: dict[str, str] = field(default_factory=dict)   # phase -> metrics.report()
     first_step_s: float = 0.0
+    running_loss: float = 0.0  # the losses summed on the device, as HF's Trainer does
 
 
 def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: float = 0.0,
@@ -56,6 +58,10 @@ def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: fl
     lazy = device.type == "lazy"
     phase_of = ["warmup"] * WARMUP + ["steady", "ragged", "length"]
     losses, run = [], Run(None, {})
+    # Summed on the device before mark_step from a Python float, as HF's
+    # Trainer sums tr_loss: step 0 traces `loss + 0.0`, later steps `running
+    # + loss`. Kept in the glue graph (graph_clusterer.h): no group compiles.
+    running = 0.0
     for i, batch in enumerate(data):
         if lazy and (i == 0 or phase_of[i] != phase_of[i - 1]):
             metrics.reset()
@@ -64,6 +70,7 @@ def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: fl
         loss.backward()
         opt.step()
         opt.zero_grad()
+        running = running + loss.detach()
         if lazy:
             torch._lazy.mark_step()
         losses.append(loss.item())  # after mark_step: reads data, runs no graph
@@ -75,4 +82,5 @@ def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: fl
     with torch.no_grad():  # p.detach() would trace a detach_copy and run a graph per parameter
         run.params = {n: p.cpu() for n, p in model.named_parameters()}
     run.losses = torch.tensor(losses, dtype=torch.float64)
+    run.running_loss = float(running)  # data after the last mark_step: runs no graph
     return run
