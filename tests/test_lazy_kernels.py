@@ -419,6 +419,39 @@ def test_ops_without_meta_kernel_trace_with_our_shape_functions(lazy_level):
     assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
 
 
+def test_moe_routing_counts_and_grouped_products_trace_in_the_step(lazy_level):
+    """transformers' MoE experts (Mixtral, Qwen3-MoE) count tokens per
+    expert with histc on integers off the CPU, and multiply each expert's
+    rows with _grouped_mm: CPU has no integer histc (the graph failed when
+    it ran), and _grouped_mm's composite kernel reads its offsets on the host
+    while its Meta kernel admits bfloat16 only (a RuntimeError at trace).
+    Now: counted in float64, and the product a node of aten's kernel in the
+    glue (with its backward), all in the step's one graph."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 3, (10,), generator=g, dtype=torch.int32)
+    a, w = torch.randn(10, 8, generator=g), torch.randn(3, 8, 4, generator=g)
+
+    def step(device):
+        a_, w_ = a.clone().to(device).requires_grad_(), w.clone().to(device).requires_grad_()
+        counts = torch.histc(ids.to(device) if device == LAZY else ids.float(), bins=3, min=0, max=2)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        out = torch._grouped_mm(a_, w_, offs=offs)
+        (out * out).sum().backward()
+        if device == LAZY:
+            metrics.reset()
+            torch._lazy.mark_step()
+        return counts.cpu(), out.cpu(), a_.grad.cpu(), w_.grad.cpu()
+
+    eager, lazy = step(CPU), step(LAZY)
+    assert lazy[0].dtype == torch.int32 and torch.equal(lazy[0], eager[0].int())
+    for got, want in zip(lazy[1:], eager[1:]):
+        torch.testing.assert_close(got, want)
+    s = metrics.snapshot()
+    assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
+    assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, metrics.report()
+    assert "aten::_grouped_mm" in lazy_kernels.composite_ops()
+
+
 def test_custom_ops_with_views_run_functionalized(lazy_level):
     """A torch.library.custom_op's Python body runs below functionalization on
     the lazy device: torch's chunked linear_cross_entropy op (views of its

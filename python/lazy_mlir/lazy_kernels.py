@@ -56,9 +56,11 @@ Mutable ops also match ``*_functional`` variants (``_native_batch_norm_legit``:
 its results, then the new running stats) and factory out= variants their
 factory (``eye.m_out`` -> ``eye.m`` on the out tensor's dtype); a composite
 kernel that calls a mutable op with no such variant (``cummax`` ->
-``_cummax_helper``) is traced as a node. Some of LTC's own Lazy kernels are
-wrong or call the eager fallback: ``LTC_REPLACED`` replaces them
-(``pixel_shuffle`` returned uninitialised memory).
+``_cummax_helper``), or that reads its inputs' data on the host
+(``_grouped_mm``'s offsets), is traced as a node. Some of LTC's own Lazy
+kernels are wrong or call the eager fallback: ``LTC_REPLACED`` replaces them
+(``pixel_shuffle`` returned uninitialised memory; integer ``histc``, which
+CPU lacks, counts in float64).
 """
 from __future__ import annotations
 
@@ -364,9 +366,25 @@ def _geqrf_shapes(self):
     return torch.empty_like(self), self.new_empty((*batch, min(m, n)))
 
 
+def _grouped_mm_shapes(self, mat2, offs=None, bias=None, out_dtype=None):
+    """aten's Meta kernel for _grouped_mm admits bfloat16 only (CUDA's
+    kernels); its CPU kernel takes float32 too. Groups along the rows of a
+    2-D ``self`` (MoE experts, ``offs`` their ends) keep the row count; a
+    2-D x 2-D product groups along K and gives one matrix per group."""
+    dtype = out_dtype or self.dtype
+    if self.dim() == 2 and mat2.dim() == 2:
+        shape = (offs.shape[0], self.shape[0], mat2.shape[1])
+    elif self.dim() == 3 and mat2.dim() == 3:
+        shape = (self.shape[0], self.shape[1], mat2.shape[2])
+    else:
+        shape = (self.shape[-2], mat2.shape[-1])
+    return self.new_empty(shape, dtype=dtype)
+
+
 _SHAPE_FUNCTIONS = {
     "aten::_logcumsumexp": lambda self, dim: torch.empty_like(self),
     "aten::geqrf": _geqrf_shapes,
+    "aten::_grouped_mm": _grouped_mm_shapes,
 }
 
 
@@ -532,6 +550,10 @@ def _functionalized(fn, args, kwargs):
 _REFUSED_VIEW = re.compile(r"The operator (\S+) appears to be a view operator, but it has no implementation "
                            r"for the backend \"lazy")
 _REFUSED_RESIZE = "the lazy device cannot resize it"
+# A composite kernel that reads its inputs' data on the host (_grouped_mm's
+# CPU kernel loops over its group offsets): traced as a node, whose aten
+# kernel then runs on real tensors.
+_READS_DATA = "Cannot access data pointer of Tensor that doesn't have storage"
 
 
 def _refusal(exc: Exception) -> str | None:
@@ -539,7 +561,7 @@ def _refusal(exc: Exception) -> str | None:
     match = _REFUSED_VIEW.search(str(exc))
     if match:
         return match.group(1)
-    return "" if _REFUSED_RESIZE in str(exc) or _NO_SIBLING in str(exc) else None
+    return "" if any(why in str(exc) for why in (_REFUSED_RESIZE, _NO_SIBLING, _READS_DATA)) else None
 
 
 def _composite_kernel(op):
@@ -564,7 +586,7 @@ def _composite_kernel(op):
                 if refused is None:
                     raise  # the user's error (shapes, dtypes): eager gives it too
                 _C.set_composite_direct(name, False)
-                if _NO_SIBLING in str(exc) and tensor_out:
+                if (_NO_SIBLING in str(exc) or _READS_DATA in str(exc)) and tensor_out:
                     _COMPOSITE_AS_NODE.add(name)
                     return _builtin_kernel(op)(*args, **kwargs)
                 if refused:
@@ -845,6 +867,25 @@ def _register_explicit_weight(op) -> None:
     _REPLACED.add(_qualified(op))
 
 
+def _register_histc_of_integers(op) -> None:
+    """CPU has no integer histogram, CUDA has: code that picks integer
+    input off the CPU (transformers' MoE routing counts tokens per expert
+    with ``histc(ids.int())`` unless the device is "cpu") failed when the
+    graph ran. On a CPU-backed lazy device, integers count as float64
+    (exact below 2**53) and the counts come back in their dtype."""
+    ltc = torch.library.get_kernel(op, "Lazy")
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
+
+    def kernel(self, bins=100, min=0, max=0):
+        if self.is_floating_point() or torch._C._lazy._get_default_device_type().lower() != "cpu":
+            return ltc.call_boxed(keys, self, bins, min, max)
+        counts = ltc.call_boxed(keys, aten._to_copy.default(self, dtype=torch.float64), bins, min, max)
+        return aten._to_copy.default(counts, dtype=self.dtype)
+
+    _LIB.impl("histc", kernel, "Lazy")
+    _REPLACED.add(_qualified(op))
+
+
 def _register_running_stats_written(op) -> None:
     """LTC's training ``native_batch_norm`` left the running statistics out of
     its IR (updated only as its kernel's side effect: lost, applied twice or
@@ -864,6 +905,7 @@ LTC_REPLACED = {
     "max_pool3d_with_indices_backward": _register_traced,
     "index_select": _register_index_select,
     "native_batch_norm": _register_running_stats_written,
+    "histc": _register_histc_of_integers,
 }
 
 

@@ -63,6 +63,7 @@ FP64_TOLERANCE = dict(rtol=1e-9, atol=1e-10)
 # eager with the initial weights scaled by 1 + 1e-7 (an fp32 rounding).
 _RMS_NORM = "RMSNorm and the rotary embedding compute in fp32"
 FP32_ISLANDS = {"llama": _RMS_NORM, "qwen2": _RMS_NORM, "mistral": _RMS_NORM, "gemma": _RMS_NORM, "phi3": _RMS_NORM,
+                "mixtral": _RMS_NORM,
                 "gpt_neox": "the rotary embedding computes in fp32",
                 "t5": "T5LayerNorm computes its variance in fp32", "mt5": "T5LayerNorm computes its variance in fp32"}
 # At its second image size ViT interpolates its position embeddings with
@@ -79,7 +80,7 @@ NOISE_FLOOR_FACTOR = 10
 # shifted windows: other ops too.
 SHAPE_GENERIC_AT_SECOND_LENGTH = {"gpt2", "bert", "llama", "bart", "resnet", "mobilenet", "qwen2", "mistral", "gemma",
                                   "phi3", "gpt_neox", "opt", "distilbert", "roberta", "electra", "albert", "convnext",
-                                  "resnet_hf", "t5", "mt5", "deberta_v2"}
+                                  "resnet_hf", "t5", "mt5", "deberta_v2", "mixtral"}
 
 
 def max_diffs(a: training.Run, b: training.Run) -> tuple[float, float]:

@@ -253,6 +253,16 @@ def _gemma(v):  # GeGLU, embeddings scaled by sqrt(hidden), RMSNorm's (1 + weigh
     return _config(v, "GemmaConfig", "GemmaForCausalLM", **_decoder_fields(v, head_dim=d.hidden // (2 * d.heads)))
 
 
+def _mixtral(v):
+    # Mixture of experts: top-2 of 4 experts per token. transformers'
+    # default grouped_mm experts need float32 or bfloat16 (aten's CPU
+    # kernel): in float64 the batched form, each token's experts gathered
+    # (tests/test_lazy_kernels.py covers the grouped products).
+    return _config(v, "MixtralConfig", "MixtralForCausalLM",
+                   **_decoder_fields(v, num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0,
+                                     experts_implementation="batched_mm"))
+
+
 def _phi3(v):  # fused qkv and gate/up projections
     return _config(v, "Phi3Config", "Phi3ForCausalLM",
                    **_decoder_fields(v, resid_pdrop=v.dropout, embd_pdrop=v.dropout))
@@ -374,6 +384,7 @@ SPECS.update({
     "mistral": Spec(_mistral, _tokens, _causal_lm_loss, adamw, **_ONE),
     "gemma": Spec(_gemma, _tokens, _causal_lm_loss, adamw, **_ONE),
     "phi3": Spec(_phi3, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "mixtral": Spec(_mixtral, _tokens, _causal_lm_loss, adamw, **_ONE),
     "gpt_neox": Spec(_gpt_neox, _tokens, _causal_lm_loss, adamw, **_ONE),
     "opt": Spec(_opt, _tokens, _causal_lm_loss, adamw, **_ONE),
     "distilbert": Spec(_distilbert, _bert_inputs, _bert_loss, adamw, **_ONE),
