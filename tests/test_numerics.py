@@ -47,3 +47,30 @@ def test_convnet_batchnorm_sgd_momentum_matches_eager(lazy_level):
     batches = image_batches()
     eager = train(make_convnet, sgd_momentum, batches, CPU)
     assert_same_training(eager, lazy_train(lazy_level, make_convnet, sgd_momentum, batches))
+
+
+def test_ceil_mode_average_pool_gradients_are_eagers(lazy_level):
+    """Inductor's avg_pool2d/3d backward divides a window that ceil_mode
+    cuts short by its whole size when padding counts (torch.compile's
+    gradients are wrong the same way: 3 -> 0.1875 for HF EfficientNet's 4x4
+    pooler over a 1x1 map). Those calls run aten's kernel in the glue; with
+    count_include_pad=False the backward compiles."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    x2, x3 = torch.randn(2, 3, 1, 1, generator=g, dtype=torch.float64), torch.randn(2, 2, 5, 5, 5, generator=g,
+                                                                                      dtype=torch.float64)
+
+    def grads(device):
+        a, b = x2.clone().to(device).requires_grad_(), x3.clone().to(device).requires_grad_()
+        pooled = [F.avg_pool2d(a, 4, 4, ceil_mode=True), F.avg_pool3d(b, 2, 2, ceil_mode=True),
+                  F.avg_pool3d(b, 2, 2, ceil_mode=True, count_include_pad=False)]
+        sum(((p * torch.arange(p.numel(), dtype=p.dtype).reshape(p.shape).to(device)).sum() for p in pooled)).backward()
+        if device == LAZY:
+            metrics.reset()
+            torch._lazy.mark_step()
+        return a.grad.cpu(), b.grad.cpu()
+
+    for got, want in zip(grads(LAZY), grads(CPU)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert_compiled()
+    assert metrics.snapshot()["graph_executions"] == 1
