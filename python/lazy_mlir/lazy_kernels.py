@@ -368,9 +368,10 @@ def _geqrf_shapes(self):
 
 def _grouped_mm_shapes(self, mat2, offs=None, bias=None, out_dtype=None):
     """aten's Meta kernel for _grouped_mm admits bfloat16 only (CUDA's
-    kernels); its CPU kernel takes float32 too. Groups along the rows of a
-    2-D ``self`` (MoE experts, ``offs`` their ends) keep the row count; a
-    2-D x 2-D product groups along K and gives one matrix per group."""
+    kernels); its CPU kernel takes float32 too. As aten's CPU kernel gives:
+    2-D x 3-D (MoE experts, ``offs`` their rows' ends) (M, N); 3-D x 2-D
+    (groups along N) (M, all groups' N); 2-D x 2-D (groups along K) and
+    3-D x 3-D one (M, N) matrix per group."""
     dtype = out_dtype or self.dtype
     if self.dim() == 2 and mat2.dim() == 2:
         shape = (offs.shape[0], self.shape[0], mat2.shape[1])
