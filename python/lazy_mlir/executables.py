@@ -353,7 +353,7 @@ class GroupExecutable:
         """At the first run: the code another graph's copy of this group
         compiled deferred, adapted to these inputs' layouts as that copy
         would be (_adapt_layouts)."""
-        if self._layouts or not _layout_guesses:
+        if self._layouts or not _layout_guesses or self.cfg.dump_dir:  # dumps show every group's own lowering
             return False
         guess = _layout_guesses.get(self._structure_key())
         if guess is None or not _layout_moves(inputs, guess[0]):
