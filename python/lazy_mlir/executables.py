@@ -232,6 +232,7 @@ class GroupExecutable:
         self.layout = None  # TensorGuards of the inputs the current code was compiled for
         self._layouts: list[tuple[TensorGuards, str]] = []  # (guard, cache key) per layout seen
         self._family = None  # group_key.family(graph), computed at the first compile
+        self._graph_structure = None  # see _structure
         # The input layouts a deferred compile's code took (parallel_compile), until another layout came.
         self._guessed_layouts: list[tuple] | None = None
         self._probe_next = False  # the code's next run probes it (_call_code)
@@ -299,7 +300,8 @@ class GroupExecutable:
         else:
             if self._adapt_layouts(inputs) or self._adopt_layout_guess(inputs):
                 return self._run(inputs)
-            guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key())
+            guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key(),
+                                                                   self._structure())
             self._layouts.append((guard, key))
             new_layout = True
         self.layout, self.cache_key = guard, key
@@ -346,8 +348,14 @@ class GroupExecutable:
         self._run = adapted
         return True
 
+    def _structure(self) -> str:
+        """group_key.structure of the graph, once (~0.1 s per 1000 nodes)."""
+        if self._graph_structure is None:
+            self._graph_structure = group_key.structure(self.graph)
+        return self._graph_structure
+
     def _structure_key(self) -> tuple[str, str]:
-        return group_key.structure(self.graph), self.cfg.key()
+        return self._structure(), self.cfg.key()
 
     def _adopt_layout_guess(self, inputs) -> bool:
         """At the first run: the code another graph's copy of this group

@@ -118,9 +118,11 @@ def environment_id() -> str:
     return digest.hexdigest()
 
 
-def group_key(graph: torch._C.Graph, inputs: list[torch.Tensor], config_key: str) -> str:
-    """Hex digest naming one compiled variant of a group (guard values aside)."""
-    parts = (structure(graph), input_signature(inputs), config_key, environment_id())
+def group_key(graph: torch._C.Graph, inputs: list[torch.Tensor], config_key: str,
+              graph_structure: str | None = None) -> str:
+    """Hex digest naming one compiled variant of a group (guard values aside);
+    ``graph_structure``: ``structure(graph)``, when the caller has it."""
+    parts = (graph_structure or structure(graph), input_signature(inputs), config_key, environment_id())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
