@@ -153,6 +153,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_value_read_kernels", &lazy_mlir::registerValueReadKernels,
         "A Lazy kernel for _local_scalar_dense that syncs every live tensor first when the value read depends on "
         "random draws (see value_reads.h).");
+  m.def("sync_live_tensors_before_read", &lazy_mlir::syncLiveTensorsBeforeRead, py::arg("tensors"),
+        "Sync every live tensor if one of `tensors` is pending on random draws (value_reads.h); returns whether.");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,

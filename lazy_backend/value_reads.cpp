@@ -19,14 +19,19 @@ struct SyncingLive {  // sets t_syncing_live for its scope
   ~SyncingLive() { t_syncing_live = false; }
 };
 
+bool pendingOnDraws(const torch::lazy::LazyTensorPtr& lazy) {
+  return !lazy->CurrentDataHandle() && !lazy->CurrentTensorData() && dependsOnDraws(lazy->GetIrValue().node.get());
+}
+
+void syncLive(const torch::lazy::BackendDevice& device) {
+  const SyncingLive syncing;
+  torch::lazy::LazyGraphExecutor::Get()->SyncLiveTensorsGraph(&device, /*devices=*/{}, /*wait=*/true);
+}
+
 at::Scalar localScalarDense(const at::Tensor& self) {
   auto lazy = torch::lazy::TryGetLtcTensor(self);
   TORCH_CHECK(lazy, "lazy_mlir: _local_scalar_dense on a tensor that is not lazy (", self.device(), ")");
-  if (!lazy->CurrentDataHandle() && !lazy->CurrentTensorData() && dependsOnDraws(lazy->GetIrValue().node.get())) {
-    const torch::lazy::BackendDevice device = lazy->GetDevice();
-    const SyncingLive syncing;
-    torch::lazy::LazyGraphExecutor::Get()->SyncLiveTensorsGraph(&device, /*devices=*/{}, /*wait=*/true);
-  }
+  if (pendingOnDraws(lazy)) syncLive(lazy->GetDevice());
   // what LTC's eager fallback does: the value on the host, read there
   return lazy->ToTensor(/*detached=*/true).item();
 }
@@ -42,6 +47,17 @@ bool dependsOnDraws(const torch::lazy::Node* node) {
 }
 
 bool syncingLiveTensorsForRead() { return t_syncing_live; }
+
+bool syncLiveTensorsBeforeRead(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& tensor : tensors) {
+    auto lazy = torch::lazy::TryGetLtcTensor(tensor);
+    if (lazy && pendingOnDraws(lazy)) {
+      syncLive(lazy->GetDevice());
+      return true;
+    }
+  }
+  return false;
+}
 
 void registerValueReadKernels() {
   static const bool registered = [] {

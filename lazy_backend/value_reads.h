@@ -13,8 +13,14 @@
 // Only `_local_scalar_dense` (item(), float(t), bool(t)) has no Lazy kernel
 // of LTC's own, so only it can be intercepted: other reads (`.cpu()`,
 // printing) keep LTC's kernels, and the backend still warns when one of
-// them runs random ops (syncs.on_execute).
+// them runs random ops (syncs.on_execute). An op run eagerly on the host
+// (lazy_kernels.eager_fallback: CTC's loss, masked_select) reads its inputs
+// the same way and calls syncLiveTensorsBeforeRead first.
 #pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
 
 namespace torch::lazy {
 class Node;
@@ -28,6 +34,10 @@ bool dependsOnDraws(const torch::lazy::Node* node);
 
 // True while a read syncs every live tensor (its executions redraw nothing).
 bool syncingLiveTensorsForRead();
+
+// Before `tensors` are read on the host: if one of them is pending and
+// depends on draws, syncs every live tensor of its device; returns whether.
+bool syncLiveTensorsBeforeRead(const std::vector<at::Tensor>& tensors);
 
 void registerValueReadKernels();
 

@@ -71,6 +71,42 @@ def test_an_item_mid_step_keeps_eagers_draws(lazy_level, captured):
     assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, metrics.report()
 
 
+def _ctc_dropout_step(device):
+    """One fp64 step of a dropout model under CTC's loss, which runs eagerly
+    on the host (its alignment table is as long as the longest target, a
+    value): (loss, gradients)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 5)).double().to(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 2, 8, generator=g, dtype=torch.float64)
+    targets, input_lengths, target_lengths = torch.tensor([[1, 2, 3], [2, 4, 0]]), torch.tensor([10, 9]), torch.tensor([3, 2])
+    torch.manual_seed(5)  # the masks
+    log_probs = model(x.to(device)).log_softmax(-1)
+    loss = F.ctc_loss(log_probs, targets.to(device), input_lengths.to(device), target_lengths.to(device))
+    loss.backward()
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    return loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()]
+
+
+def test_an_eager_fallback_mid_step_keeps_eagers_draws(lazy_level):
+    """An op that falls back to the host reads its inputs mid-step, as
+    item() does: LTC alone would compute only those, and the backward would
+    draw the dropout masks again (gradients 0.44 off eager's). The fallback
+    syncs every live tensor first (value_reads.h), so the step keeps eager's
+    draws, without the redraw warning."""
+    eager_loss, eager_grads = _ctc_dropout_step(torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="lazy_mlir: a value read")  # the redraw warning
+        loss, grads = _ctc_dropout_step(LAZY)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-12, atol=1e-12)
+    for lazy_grad, eager_grad in zip(grads, eager_grads):
+        torch.testing.assert_close(lazy_grad, eager_grad, rtol=1e-12, atol=1e-12)
+    s = metrics.snapshot()
+    assert s["fallbacks"] == {"aten::_ctc_loss.Tensor": 1, "aten::_ctc_loss_backward.Tensor": 1}, metrics.report()
+    assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, metrics.report()
+
+
 def test_other_reads_mid_step_that_run_random_ops_warn(lazy_level):
     """.cpu() keeps LTC's own kernel, which computes only the tensor read:
     the masks drawn for it are drawn again for the gradients, so the read

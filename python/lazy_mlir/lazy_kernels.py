@@ -476,8 +476,11 @@ def eager_fallback(op, args, kwargs):
     does (it executes the pending graph), but counted under the op's name and
     the user's source line; at O2 an error (see ``syncs.eager_fallback``)."""
     syncs.eager_fallback(_qualified(op))
-    devices = [t.device for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.device.type == "lazy"]
-    device = devices[0] if devices else torch.device("lazy")
+    lazy_inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.device.type == "lazy"]
+    device = lazy_inputs[0].device if lazy_inputs else torch.device("lazy")
+    # Inputs that depend on random draws: sync the whole step first, or what
+    # else depends on the draws (masks saved for backward) draws again later.
+    _C.sync_live_tensors_before_read(lazy_inputs)
     to_cpu = lambda x: x.cpu() if isinstance(x, torch.Tensor) else x  # noqa: E731
     out = op(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, out)

@@ -183,8 +183,9 @@ _warned_redraw: set[str] = set()
 
 
 def _warn_redraw(source: str) -> None:
-    """A read mid-step ran random ops (not ``item()``: it syncs every live
-    tensor first, lazy_backend/value_reads.h). LTC computes only the tensors read;
+    """A read mid-step ran random ops (not ``item()`` nor an eager fallback:
+    they sync every live tensor first, lazy_backend/value_reads.h). LTC
+    computes only the tensors read;
     what else depends on the draws (the activations and masks saved for
     backward, the gradients) stays pending and draws again, other numbers,
     when the step's graph runs: it no longer matches the value read, nor
