@@ -40,7 +40,7 @@ GraphClusterer::GraphClusterer(std::shared_ptr<torch::jit::Graph> graph, Classif
 void GraphClusterer::splitSharedPlumbing() {
   std::vector<Node*> nodes(graph_->nodes().begin(), graph_->nodes().end());
   for (Node* n : nodes) {
-    class_[n] = classify_(n);
+    class_[n] = input_copies_.count(n) ? NodeClass::kNotCompilable : classify_(n);
   }
   for (Node* n : nodes) {
     if (class_[n] != NodeClass::kPlumbing || n->outputs().size() != 1) continue;
@@ -121,6 +121,34 @@ void GraphClusterer::keepSmallRootsInGlue() {
   });
   if (!other_compute) return;  // nothing else to compile: the small roots are the group
   for (Node* n : kept) class_[n] = NodeClass::kNotCompilable;
+}
+
+// A detach or alias copy of a graph input is the input's value: its
+// readers read the input. Such copies reach one graph only (a model moved
+// to the lazy device, whose frozen weights' Parameter wrappers detached
+// them, then settled at the first sync: pending_data.h), and a group
+// reading one would differ from every later step's. A copy the graph
+// returns stays there, in the glue.
+void GraphClusterer::forwardCopiesOfInputs() {
+  static const auto detach_copy = c10::Symbol::aten("detach_copy");
+  static const auto alias_copy = c10::Symbol::aten("alias_copy");
+  Node* const ret = graph_->return_node();
+  for (auto it = graph_->nodes().begin(); it != graph_->nodes().end();) {
+    Node* n = *it++;
+    if ((n->kind() != detach_copy && n->kind() != alias_copy) || n->inputs().size() != 1 ||
+        n->input()->node()->kind() != prim::Param) {
+      continue;
+    }
+    const std::vector<torch::jit::Use> uses = n->output()->uses();
+    for (const torch::jit::Use& u : uses) {
+      if (u.user != ret) u.user->replaceInput(u.offset, n->input());
+    }
+    if (n->output()->uses().empty()) {
+      n->destroy();
+    } else {
+      input_copies_.insert(n);
+    }
+  }
 }
 
 // What `n` must come after: the producers of its inputs and, for a random
@@ -242,6 +270,7 @@ std::vector<Node*> GraphClusterer::buildGroups() {
 }
 
 std::vector<Node*> GraphClusterer::run() {
+  forwardCopiesOfInputs();
   classifyNodes();
   keepSmallRootsInGlue();
   assignGroups();
@@ -251,9 +280,10 @@ std::vector<Node*> GraphClusterer::run() {
 }
 
 std::vector<Node*> GraphClusterer::runWholeGraph() {
+  forwardCopiesOfInputs();
   classifyNodes();
   for (Node* n : graph_->nodes()) {
-    if (class_[n] == NodeClass::kNotCompilable) {
+    if (class_[n] == NodeClass::kNotCompilable && !input_copies_.count(n)) {
       TORCH_CHECK(false, "lazy_mlir O2: ", n->kind().toQualString(), " cannot be compiled (",
                   describeSource(n), "); at O2 the whole step must compile. Use level=\"O1\" "
                   "to run such ops in TorchScript, or lazy_mlir.compilable.allow() the op.");

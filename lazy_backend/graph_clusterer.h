@@ -20,6 +20,10 @@
 // In the glue they cost a TorchScript op each, and the group is reused. A
 // graph of such roots alone (the running loss read after the last step)
 // still compiles: a graph of small ops is what an op's test compiles.
+//
+// A detach or alias copy of a graph input (a frozen weight at the first
+// step after the model moved) is forwarded to its readers for the same
+// reason: the first step's groups are then every later step's.
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>
@@ -27,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace lazy_mlir {
@@ -57,6 +62,7 @@ class GraphClusterer {
   std::vector<torch::jit::Node*> runWholeGraph();
 
  private:
+  void forwardCopiesOfInputs();
   void splitSharedPlumbing();
   void classifyNodes();
   void keepSmallRootsInGlue();
@@ -70,6 +76,7 @@ class GraphClusterer {
   std::unordered_map<torch::jit::Node*, NodeClass> class_;
   std::unordered_map<torch::jit::Node*, int> group_;  // node -> group id; absent: stays outside
   std::unordered_map<torch::jit::Node*, torch::jit::Node*> previous_draw_;
+  std::unordered_set<torch::jit::Node*> input_copies_;  // returned copies of graph inputs: glue
   int num_groups_ = 0;
 };
 

@@ -132,6 +132,28 @@ graph(%p : Tensor, %g : Tensor, %lr : Tensor):
     g.lint()
 
 
+@pytest.mark.parametrize("whole_graph", [False, True], ids=["O1", "O2"])
+def test_copies_of_graph_inputs_are_forwarded_to_their_readers(whole_graph):
+    """A frozen weight at the first step is a detach copy of its data: its
+    readers read the input itself, so the group is every later step's
+    (``mm(x, w)``); a copy the graph returns stays in the glue, at O2 too."""
+    lazy_mlir.init("O1")
+    g = torch._C.parse_ir("""
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %one : Tensor):
+  %a : Scalar = aten::ScalarImplicit(%one)
+  %wd : Tensor = aten::detach_copy(%w)
+  %ba : Tensor = aten::alias_copy(%b)
+  %h : Tensor = aten::mm(%x, %wd)
+  %y : Tensor = aten::add(%h, %ba, %a)
+  return (%y, %ba)
+""")
+    assert _C.cluster(g, whole_graph=whole_graph) == 1
+    glue, groups = _glue_and_group_kinds(g)
+    assert glue == ["aten::alias_copy"] and groups == [["aten::ScalarImplicit", "aten::add", "aten::mm"]], str(g)
+    assert "detach_copy" not in str(g)
+    g.lint()
+
+
 def test_o2_names_the_op_and_its_source_line(deny_tanh):
     g = torch._C.parse_ir(GRAPH)
     with pytest.raises(RuntimeError, match=r"aten::tanh cannot be compiled \(at model.py forward 12\)"):
