@@ -355,3 +355,17 @@ def test_a_warning_raised_as_an_error_is_not_remembered_on_disk(lazy_level, monk
     _hand_groups_over_again()  # as a new process would: nothing in memory, the folder on disk
     run()
     assert len(attempts) == 1  # lowered again
+
+
+def test_layout_guesses_keep_the_latest(monkeypatch):
+    """Deferred compiles' layout guesses (executables._layout_guesses) are
+    bounded: the oldest go first, and one stored again counts as new."""
+    from lazy_mlir import executables
+    monkeypatch.setattr(executables, "_layout_guesses", {})
+    monkeypatch.setattr(executables, "_MAX_LAYOUT_GUESSES", 3)
+    for i in range(5):
+        executables._remember_layout_guess((str(i), "cfg"), (i,))
+        if i == 2:
+            executables._remember_layout_guess(("0", "cfg"), ("again",))
+    assert list(executables._layout_guesses) == [("0", "cfg"), ("3", "cfg"), ("4", "cfg")]
+    assert executables._layout_guesses[("0", "cfg")] == ("again",)

@@ -217,6 +217,14 @@ class _Compiling:
 # groups: a running loss's first add, graph_clusterer.h) adapts as well,
 # instead of compiling for the layouts generated code gives.
 _layout_guesses: dict[tuple[str, str], tuple[list, "_Compiling", object, str]] = {}
+_MAX_LAYOUT_GUESSES = 256  # the latest ones: a guess serves the graph after its compile started
+
+
+def _remember_layout_guess(key: tuple[str, str], guess: tuple) -> None:
+    _layout_guesses.pop(key, None)  # re-inserted: the newest
+    _layout_guesses[key] = guess
+    while len(_layout_guesses) > _MAX_LAYOUT_GUESSES:
+        del _layout_guesses[next(iter(_layout_guesses))]
 
 
 class GroupExecutable:
@@ -615,7 +623,7 @@ class GroupExecutable:
         compiling = _Compiling(parallel_compile.defer(self.name, job), started_here=True, deferred=True,
                                strides=job.output_strides,
                                compiled_for=[(t.shape, t.stride(), t.dtype, t.device) for t in job.inputs])
-        _layout_guesses[self._structure_key()] = (compiling.compiled_for, compiling, self.layout, self.cache_key)
+        _remember_layout_guess(self._structure_key(), (compiling.compiled_for, compiling, self.layout, self.cache_key))
         return compiling
 
     def _compile_generic(self, inputs, sighting, planned, in_background=False):
