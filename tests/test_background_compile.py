@@ -116,6 +116,9 @@ def test_a_background_compile_leaves_the_training_threads_rng_alone(gated, monke
     monkeypatch.setattr(shape_generic, "compile_generic", compile_like_aot_autograd)
     _, lazy = _twins(width=13)
     _train(lazy, [(2, 8), (2, 8), (2, 12)], LAZY)  # a second length: its generic compile waits at the gate
+    deadline = time.monotonic() + 120
+    while not calls and time.monotonic() < deadline:  # the worker thread reaches it when it is scheduled
+        time.sleep(0.01)
     assert len(calls) == 1
     torch.manual_seed(7)
     draws = [torch.rand(8)]

@@ -259,6 +259,7 @@ class SummedLinear(torch.nn.Module):
         return self.fc(x).sum()
 
 
+@needs_matmul  # the expanded gradient is a weight gradient's operand: onednn_matmul's
 def test_an_expanded_gradient_is_timed_and_trains_as_eager(tmp_path, any_size, monkeypatch):
     """The stopwatch's random operands take the product's strides: filling an
     expanded one in place failed, and the group with it ran in TorchScript."""
