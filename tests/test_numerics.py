@@ -49,6 +49,30 @@ def test_convnet_batchnorm_sgd_momentum_matches_eager(lazy_level):
     assert_same_training(eager, lazy_train(lazy_level, make_convnet, sgd_momentum, batches))
 
 
+def test_fourier_mixing_compiles_with_complex_tensors(lazy_level):
+    """FNet's token mixing, ``fftn(x).real`` (x cast to complex64), forward
+    and backward in one group: the complex dtypes' numbers (c10's, not
+    torch-mlir's table, which counts them one too high) and their MLIR type
+    (``complex<f32>``) export; before, both groups fell back."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 8, 16, generator=g), torch.randn(16, 16, generator=g)
+
+    def grads(device):
+        a, b = x.clone().to(device).requires_grad_(), w.clone().to(device).requires_grad_()
+        mixed = torch.fft.fftn(a.to(torch.complex64), dim=(-1, -2)).real
+        loss = torch.tanh(mixed @ b).square().mean()
+        loss.backward()
+        if device == LAZY:
+            metrics.reset()
+            torch._lazy.mark_step()
+        return loss.cpu().detach(), a.grad.cpu(), b.grad.cpu()
+
+    for got, want in zip(grads(LAZY), grads(CPU)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_compiled()
+    assert metrics.snapshot()["graph_executions"] == 1, metrics.report()
+
+
 def test_ceil_mode_average_pool_gradients_are_eagers(lazy_level):
     """Inductor's avg_pool2d/3d backward divides a window that ceil_mode
     cuts short by its whole size when padding counts (torch.compile's

@@ -32,9 +32,14 @@ class ExportError(RuntimeError):
 
 # The importer's own spelling of each dtype (signed ints are si64, ..., bool is i1).
 _DTYPES = {asm: dtype for dtype, asm in TORCH_DTYPE_TO_MLIR_TYPE_ASM.items()}
+# c10's ScalarType numbers, which TorchScript graphs (and so our MLIR) carry.
+# torch-mlir's table (20261001) numbers the complex dtypes one too high
+# (complex32 9, complex64 10: c10 has 8, 9 and 10 for complex128).
+_SCALAR_TYPES = {**{i: dtype for dtype, i in TORCH_DTYPE_TO_INT.items() if not dtype.is_complex},
+                 8: torch.complex32, 9: torch.complex64, 10: torch.complex128}
 # The importer passes these enums as !torch.int; the schema's real type says which.
 _ENUMS = {
-    "ScalarType": {i: dtype for dtype, i in TORCH_DTYPE_TO_INT.items()},
+    "ScalarType": _SCALAR_TYPES,
     "Layout": {i: layout for layout, i in TORCH_LAYOUT_TO_INT.items()},
     "MemoryFormat": {i: fmt for fmt, i in TORCH_MEMORY_FORMAT_TO_INT.items()},
 }
@@ -56,7 +61,7 @@ _SYMBOLIC_INT_OPS = {
     "torch.aten.sub.int": operator.sub,
     "torch.aten.floordiv.int": operator.floordiv,
 }
-_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([^,>]+)>")
+_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],(complex<[^>]+>|[^,>]+)>")
 _BLOB = re.compile(r'"0x([0-9A-Fa-f]*)"')
 
 
