@@ -93,6 +93,16 @@ void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector
   }
 }
 
+void writeLazy(const at::Tensor& target, const at::Tensor& value) {
+  auto lazy_target = torch::lazy::TryGetLtcTensor(target);
+  auto lazy_value = torch::lazy::TryGetLtcTensor(value);
+  TORCH_CHECK(lazy_target && lazy_value, "lazy_mlir: writeLazy takes lazy tensors, not ", target.device(), " and ",
+              value.device());
+  TORCH_CHECK(target.sizes() == value.sizes(), "lazy_mlir: writing a ", value.sizes(), " value into a ",
+              target.sizes(), " tensor");
+  lazy_target->SetInPlaceIrValue(lazy_value->GetIrValue());
+}
+
 void traceUpdate(const std::string& qualified_name, const std::string& overload, const pybind11::list& args,
                  const std::vector<at::Tensor>& targets, const std::vector<int64_t>& list_sizes) {
   std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> outputs;

@@ -24,6 +24,14 @@ std::vector<at::Tensor> functionalValues(const std::vector<at::Tensor>& tensors)
 // autograd version counter is bumped.
 void functionalReplace(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& values);
 
+// Below functionalization (a mutable op's Lazy kernel): `target`, a lazy
+// tensor, now holds `value`'s lazy value (same sizes; cast to its dtype).
+// LTC's copy_ refuses a target that holds synced device data and no IR:
+// an in-place op whose functional sibling ran on the host with inputs that
+// depend on random draws syncs every live tensor first (value_reads.h),
+// its target too (BEiT's relative position bias gradient with dropout).
+void writeLazy(const at::Tensor& target, const at::Tensor& value);
+
 // traceBuiltin (builtin_op_node.h) of an op whose flattened results are the
 // new values of `targets` (their shapes and dtypes), written as
 // functionalReplace would: one call per optimizer step, no result tensor

@@ -178,6 +178,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("functional_replace", &lazy_mlir::functionalReplace,
         "Updates functionalized tensors in place to the given lazy values (functional_update.h).",
         py::arg("targets"), py::arg("values"));
+  m.def("write_lazy", &lazy_mlir::writeLazy, "A lazy tensor takes another's value (functional_update.h).",
+        py::arg("target"), py::arg("value"));
   m.def("trace_update", &lazy_mlir::traceUpdate,
         "Trace an op as one node and write its results into functionalized tensors (functional_update.h).",
         py::arg("qualified_name"), py::arg("overload"), py::arg("args"), py::arg("targets"), py::arg("list_sizes"));

@@ -644,3 +644,54 @@ def test_a_composite_kernel_that_traced_once_is_called_from_cpp(lazy_level, monk
     torch.testing.assert_close(torch.ops.aten.mul.Scalar(x.to(LAZY), -1.0).cpu(), -x)  # still direct
     assert redispatched == ["aten.mul.Scalar", "aten.empty_like.default", "aten.empty_like.default"]
     assert metrics.snapshot()["fallback_count"] == 0
+
+
+def test_host_index_tensors_are_traced_with_their_gradient(lazy_level):
+    """A lazy table indexed with a host tensor (BEiT's relative position
+    bias: its index is made on the host and cached): aten moves the index
+    to the table's device, so the kernel does too, and the index and its
+    gradient (index_put) are traced instead of run on the host, mid-step."""
+    g = torch.Generator().manual_seed(0)
+    table, index = torch.randn(52, 2, generator=g, dtype=torch.float64), torch.randint(0, 52, (17, 17), generator=g)
+
+    def grad(device):
+        t = table.clone().to(device).requires_grad_()
+        (t[index.view(-1)] * torch.arange(578, dtype=torch.float64).view(289, 2).to(device)).square().sum().backward()
+        if device == LAZY:
+            torch._lazy.mark_step()
+        return t.grad.cpu()
+
+    metrics.reset()
+    torch.testing.assert_close(grad(LAZY), grad(CPU), rtol=1e-12, atol=1e-12)
+    s = metrics.snapshot()
+    assert s["fallbacks"] == {} and s["graph_executions"] == 1, metrics.report()
+
+
+def test_an_in_place_op_run_on_the_host_writes_its_lazy_target(lazy_level, monkeypatch):
+    """An index gradient's index_put_ whose functional sibling runs on the
+    host (made to here; BEiT's host index did it) and reads values that
+    depend on a dropout: the fallback syncs every live tensor first
+    (value_reads.h), its target too, which then held device data without
+    IR, and LTC's copy_ refused to write the result into it ("Expected
+    dst_tensor_data to be true"). Written as a lazy value, it is eager's."""
+    traced = lazy_kernels.trace_builtin
+
+    def no_index_put(op, args, kwargs):
+        if op._schema.name == "aten::_index_put_impl":
+            raise RuntimeError("run on the host")
+        return traced(op, args, kwargs)
+
+    monkeypatch.setattr(lazy_kernels, "trace_builtin", no_index_put)
+    table, index = torch.randn(8, 3, dtype=torch.float64), torch.tensor([1, 5, 1, 7])
+
+    def grad(device):
+        t = table.clone().to(device).requires_grad_()
+        torch.manual_seed(3)
+        F.dropout(t[index.to(device)], 0.5).square().sum().backward()
+        if device == LAZY:
+            torch._lazy.mark_step()
+        return t.grad.cpu()
+
+    metrics.reset()
+    torch.testing.assert_close(grad(LAZY), grad(CPU), rtol=1e-12, atol=1e-12)
+    assert metrics.snapshot()["fallbacks"] == {"aten::_index_put_impl": 1}, metrics.report()

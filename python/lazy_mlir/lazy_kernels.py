@@ -291,7 +291,10 @@ def _mutable_kernel(op, functional):
             raise NotImplementedError(f"lazy_mlir: {_qualified(op)} with an out= tensor of another size: "
                                       "the lazy device cannot resize it")
         for target, result in pairs:
-            target.copy_(result)
+            if target.device == result.device:  # LTC's copy_ refuses a target an eager fallback synced
+                _C.write_lazy(target, result)
+            else:
+                target.copy_(result)
         if functional_name:  # op's own results: fresh ones, or the arguments they alias
             fresh = iter(r for i, r in zip(targets, results) if i is None)
             written = {frozenset(schema.arguments[i].alias_info.before_set): full[i] for i in _written(schema)}
@@ -457,13 +460,39 @@ def trace_builtin(op, args, kwargs):
 
 
 def _builtin_kernel(op):
+    position = _indices_position(op)
+
     def kernel(*args, **kwargs):
         try:
+            if position is not None:
+                args, kwargs = _host_indices_moved(position, args, kwargs)
             return trace_builtin(op, args, kwargs)
         except Exception:  # noqa: BLE001 - e.g. data-dependent output shapes
             return eager_fallback(op, args, kwargs)
 
     return kernel
+
+
+def _indices_position(op) -> int | None:
+    """Where an indexing op (index, index_put...) takes its ``Tensor?[] indices``."""
+    for i, formal in enumerate(op._schema.arguments):
+        if formal.name == "indices" and str(formal.type) == "List[Optional[Tensor]]":
+            return i
+    return None
+
+
+def _host_indices_moved(position: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Index tensors on the host moved to the lazy device, as aten moves them
+    to the indexed tensor's device (BEiT indexes its relative position table
+    with a host tensor): traced, not run eagerly."""
+    indices = args[position] if position < len(args) else kwargs.get("indices")
+    if not indices or all(t is None or t.device.type == "lazy" for t in indices):
+        return args, kwargs
+    device = args[0].device
+    moved = [t if t is None or t.device.type == "lazy" else t.to(device) for t in indices]
+    if position < len(args):
+        return args[:position] + (moved,) + args[position + 1:], kwargs
+    return args, {**kwargs, "indices": moved}
 
 
 # ------------------------------------------------------------ decompositions
