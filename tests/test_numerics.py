@@ -73,6 +73,36 @@ def test_fourier_mixing_compiles_with_complex_tensors(lazy_level):
     assert metrics.snapshot()["graph_executions"] == 1, metrics.report()
 
 
+def test_overlapping_strided_chunks_of_a_transposed_tensor_are_eagers(lazy_level):
+    """Longformer's sliding-window chunks: ``as_strided`` over a transposed
+    reshape, windows overlapping by half. Eager reads the reshape's fresh
+    row-major values; Inductor lowered as_strided onto the storage beneath
+    the views (the untransposed input), other elements (Longformer's loss
+    1.1e-3 off in fp64). The export gathers the elements instead."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, 16, generator=g, dtype=torch.float64)
+
+    def grads(device):
+        a = x.clone().to(device).requires_grad_()
+        rows = a.transpose(0, 1).reshape(4, 2, 4, 16)  # a copy: the transpose is not viewable so
+        stride = list(rows.stride())
+        stride[1] //= 2
+        chunks = rows.as_strided((4, 3, 4, 16), stride)  # three windows of 4 rows, overlapping by 2
+        loss = (chunks * torch.arange(1.0, 4.0, dtype=torch.float64).view(1, 3, 1, 1).to(device)).square().sum()
+        loss.backward()
+        if device == LAZY:
+            metrics.reset()
+            torch._lazy.mark_step()
+            steps.append(metrics.snapshot())
+        return loss.cpu().detach(), a.grad.cpu()
+
+    steps = []
+    for got, want in zip(grads(LAZY), grads(CPU)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert_compiled(steps[0])
+    assert steps[0]["graph_executions"] == 1, steps[0]
+
+
 def test_ceil_mode_average_pool_gradients_are_eagers(lazy_level):
     """Inductor's avg_pool2d/3d backward divides a window that ceil_mode
     cuts short by its whole size when padding counts (torch.compile's

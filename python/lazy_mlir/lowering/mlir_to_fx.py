@@ -173,6 +173,8 @@ class _Exporter:
         plan = _arg_plan(target)
         if len(plan) != len(operands):
             raise ExportError(f"{len(operands)} operands but {target} takes {len(plan)} arguments")
+        if target is torch.ops.aten.as_strided_copy.default and len(operands[1]) > 0:
+            return [self._strided_gather(op, *operands)]
         args, kwargs = [], {}
         for (arg_name, kwarg_only, enum), value in zip(plan, operands):
             if enum is not None and isinstance(value, int):
@@ -182,6 +184,32 @@ class _Exporter:
             else:
                 args.append(value)
         return self._emit(op, target, args, kwargs)
+
+    def _strided_gather(self, op: ir.Operation, x, size: list, stride: list, offset) -> torch.fx.Node:
+        """``as_strided_copy(x, size, stride, offset)`` as a gather from x's
+        values in row-major order, which is what it reads in eager (x is a
+        fresh, contiguous tensor there). Inductor lowers as_strided onto the
+        storage beneath x's views instead, in whatever layout it gave them:
+        Longformer's overlapping chunks of a transposed reshape read other
+        elements than eager's."""
+        aten = torch.ops.aten
+
+        def call(target, *args, **kwargs):
+            node = self.graph.call_function(target, args, kwargs)
+            fake_args, fake_kwargs = map_arg((args, kwargs), lambda n: n.meta["val"])
+            with self.fake_mode:
+                node.meta["val"] = target(*fake_args, **fake_kwargs)
+            return node
+
+        index = call(aten.scalar_tensor.default, offset or 0, dtype=torch.int64, device=self.device)
+        for dim, (n, step) in enumerate(zip(size, stride)):
+            positions = call(aten.mul.Tensor, call(aten.arange.default, n, dtype=torch.int64, device=self.device), step)
+            shape = [1] * len(size)
+            shape[dim] = -1
+            index = call(aten.add.Tensor, index, call(aten.view.default, positions, shape))
+        node = call(aten.index.Tensor, call(aten.reshape.default, x, [-1]), [index])
+        _check_types(op.results[0], node.meta["val"], "result 0")
+        return node
 
     def _emit(self, op: ir.Operation, target, args: list, kwargs: dict) -> list:
         node = self.graph.call_function(target, tuple(args), kwargs)
