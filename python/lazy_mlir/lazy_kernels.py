@@ -464,8 +464,8 @@ def _builtin_kernel(op):
 
     def kernel(*args, **kwargs):
         try:
-            if position is not None:
-                args, kwargs = _host_indices_moved(position, args, kwargs)
+            if position is not None and position < len(args):  # the dispatcher passes it positionally
+                args = _host_indices_moved(position, args)
             return trace_builtin(op, args, kwargs)
         except Exception:  # noqa: BLE001 - e.g. data-dependent output shapes
             return eager_fallback(op, args, kwargs)
@@ -481,18 +481,15 @@ def _indices_position(op) -> int | None:
     return None
 
 
-def _host_indices_moved(position: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _host_indices_moved(position: int, args: tuple) -> tuple:
     """Index tensors on the host moved to the lazy device, as aten moves them
     to the indexed tensor's device (BEiT indexes its relative position table
     with a host tensor): traced, not run eagerly."""
-    indices = args[position] if position < len(args) else kwargs.get("indices")
+    indices = args[position]
     if not indices or all(t is None or t.device.type == "lazy" for t in indices):
-        return args, kwargs
-    device = args[0].device
-    moved = [t if t is None or t.device.type == "lazy" else t.to(device) for t in indices]
-    if position < len(args):
-        return args[:position] + (moved,) + args[position + 1:], kwargs
-    return args, {**kwargs, "indices": moved}
+        return args
+    moved = [t if t is None or t.device.type == "lazy" else t.to(args[0].device) for t in indices]
+    return args[:position] + (moved,) + args[position + 1:]
 
 
 # ------------------------------------------------------------ decompositions
