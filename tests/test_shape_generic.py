@@ -256,40 +256,6 @@ def test_static_policy_compiles_every_size(fresh, monkeypatch):
     assert [s["group_cache_misses"] for s in steps][2:] == [1, 1]
 
 
-def test_hf_gpt2_third_length_compiles_nothing(fresh):
-    """A model nobody on the team wrote: HF GPT-2 (the zoo's), AdamW, fp64,
-    lengths 8, 16, then 12: the third length runs the generic code."""
-    import zoo
-    v = zoo.base_variant("gpt2")
-    spec = zoo.SPECS["gpt2"]
-    eager_model = zoo.make_model(v, torch.float64)
-    lazy_model = zoo.make_model(v, torch.float64)
-    lazy_model.load_state_dict(eager_model.state_dict())
-    lazy_model.to(LAZY)
-    opts = spec.optimizer(eager_model), spec.optimizer(lazy_model)
-    g = torch.Generator().manual_seed(0)
-    for length in (8, 8, 16, 12):
-        (ids,) = spec.inputs(zoo.Variant("gpt2", length=length), zoo.BATCH, g)
-        metrics.reset()
-        losses = []
-        for model, opt, device in zip((eager_model, lazy_model), opts, ("cpu", LAZY)):
-            loss = spec.loss(model, ids.to(device))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if device == LAZY:
-                torch._lazy.mark_step()
-            losses.append(loss.item())
-        assert abs(losses[0] - losses[1]) < 1e-12, (length, losses)
-        s = metrics.snapshot()
-        assert_compiled(s)
-        assert s["graph_executions"] == 1 and s["fallback_count"] == 0
-    assert s["generic_hits"] == 1 and s["generic_compiles"] == 0 and s["generic_failed"] == 0, metrics.report()
-    with torch.no_grad():
-        for (name, p), q in zip(eager_model.named_parameters(), lazy_model.parameters()):
-            torch.testing.assert_close(q.cpu(), p, rtol=1e-9, atol=1e-10, msg=name)
-
-
 def test_a_failed_generic_compile_falls_back_to_the_static_form(fresh, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("injected generic failure")

@@ -145,7 +145,8 @@ def test_matches_eager(lazy_o1, v, shapes):
 @pytest.mark.parametrize("v, shapes", PARAMS)
 def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
     _, lazy = runs(v, shapes)
-    assert list(lazy.phases) == ["warmup", "steady"] + ["ragged", "length"] * shapes
+    third = ["third"] if shapes and zoo.SPECS[v.model].third_length else []
+    assert list(lazy.phases) == ["warmup", "steady"] + ["ragged", "length"] * shapes + third
     for phase, s in lazy.phases.items():
         report = f"{phase}:\n{lazy.reports[phase]}"
         assert s["graph_executions"] == s["mark_steps"] > 0, report
@@ -167,6 +168,9 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
     if shapes and v.model in SHAPE_GENERIC_AT_SECOND_LENGTH:
         length = lazy.phases["length"]
         assert length["generic_compiles"] + length["generic_hits"] > 0, lazy.reports["length"]
+    if third:  # compile once per model: the third length runs the second's generic code
+        s = lazy.phases["third"]
+        assert s["generic_hits"] >= 1 and s["generic_compiles"] == 0, lazy.reports["third"]
     steady = lazy.phases["steady"]
     report = lazy.reports["steady"]
     assert steady["compiles"] == steady["cache_misses"] == steady["group_cache_misses"] == 0, report
@@ -287,7 +291,7 @@ def test_cpp_wrapped_code_is_called_from_cpp(lazy_o1, model):
 def test_base_size_scales_every_model_and_its_batches(name):
     """benchmarks/models.py --size base: each model at the base size's
     dimensions (more than 10x the tiny one's parameters), its batches at the
-    base batch and length, and a finite eager loss on them."""
+    base batch and length, and a finite eager loss on two of them."""
     tiny, base = zoo.base_variant(name), zoo.base_variant(name, size="base")
     assert (tiny.size, base.size) == ("tiny", "base") and base.id.endswith("-base")
     small, large = zoo.make_model(tiny, torch.float32), zoo.make_model(base, torch.float32)
@@ -298,5 +302,7 @@ def test_base_size_scales_every_model_and_its_batches(name):
     assert hidden in (None, zoo.SIZES["base"].hidden)
     batch = zoo.batches(base, 1, torch.float32)[0]
     assert (batch[0].shape[0], batch[0].shape[-1]) == (zoo.SIZES["base"].batch, base.length)  # tokens, image side
+    # the loss of two of its examples: Mixtral's batched experts (each
+    # token's experts' weights gathered) take 41 s eagerly on the whole batch
     with torch.no_grad():
-        assert torch.isfinite(zoo.SPECS[name].loss(large, *batch))
+        assert torch.isfinite(zoo.SPECS[name].loss(large, *(x[:2] for x in batch)))

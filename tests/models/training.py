@@ -7,6 +7,8 @@ a ragged batch, a batch at the other length):
   steady  a step of a shape already seen: must compile nothing
   ragged  a smaller batch (an epoch's last): a new shape, may compile
   length  the model's other sequence length (image size): may compile
+  third   a third length (where the spec has one): the second's
+          shape-generic code serves it
 Each phase's snapshot is taken after ``metrics.reset()`` at its start, so
 it counts only that phase's mark_steps, executions and compiles.
 """
@@ -56,7 +58,7 @@ def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: fl
     # CPU generator in both (lazy bernoulli runs in the TorchScript glue graph).
     torch.manual_seed(1234)
     lazy = device.type == "lazy"
-    phase_of = ["warmup"] * WARMUP + ["steady", "ragged", "length"]
+    phase_of = ["warmup"] * WARMUP + ["steady", "ragged", "length", "third"]
     losses, run = [], Run(None, {})
     # Summed on the device before mark_step from a Python float, as HF's
     # Trainer sums tr_loss: step 0 traces `loss + 0.0`, later steps `running

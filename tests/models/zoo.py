@@ -80,6 +80,7 @@ class Spec:
     dropouts: tuple = (0.0, 0.1)
     lengths: tuple = (8, 16)  # at the tiny size
     base_length: int = 128    # the first length at other sizes
+    third_length: int | None = None  # a length after both: the generic code of the second serves it
 
 
 def adamw(model):
@@ -366,7 +367,7 @@ def _cnn_loss(model, images, labels):
 
 
 SPECS: dict[str, Spec] = {
-    "gpt2": Spec(_gpt2, _tokens, _causal_lm_loss, adamw),
+    "gpt2": Spec(_gpt2, _tokens, _causal_lm_loss, adamw, third_length=12),
     "bert": Spec(_bert, _bert_inputs, _bert_loss, adamw),
     "llama": Spec(_llama, _tokens, _causal_lm_loss, adamw),
     "t5": Spec(_t5, _t5_inputs, _t5_loss, adamw),
@@ -425,10 +426,12 @@ def make_model(v: Variant, dtype=torch.float64, seed: int = 0) -> torch.nn.Modul
 
 def batches(v: Variant, steps: int, dtype=torch.float64, seed: int = 1) -> list[tuple]:
     """``steps`` full batches (the size's batch), a ragged batch of 1, a
-    full batch at the other length."""
+    full batch at the other length, and one at the third where the spec
+    has one."""
     g = torch.Generator().manual_seed(seed)
     inputs = SPECS[v.model].inputs
-    other = dataclasses.replace(v, length=v.other_length)
+    third = SPECS[v.model].third_length
     full = v.dims.batch
-    out = [inputs(v, b, g) for b in [full] * steps + [1]] + [inputs(other, full, g)]
+    out = [inputs(v, b, g) for b in [full] * steps + [1]] + [
+        inputs(dataclasses.replace(v, length=n), full, g) for n in (v.other_length, third) if n]
     return [tuple(t.to(dtype) if t.is_floating_point() else t for t in batch) for batch in out]
