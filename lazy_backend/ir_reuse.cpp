@@ -8,6 +8,7 @@
 #include "source_locations.h"
 
 #include <torch/csrc/lazy/core/config.h>
+#include <torch/csrc/lazy/core/internal_ops/ltc_ops.h>
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
 #include <torch/csrc/lazy/core/tensor.h>
 #include <torch/csrc/lazy/core/trie.h>
@@ -206,14 +207,14 @@ bool stepBoundary(const torch::lazy::BackendDevice& device) {
 }
 
 // The backend's graph executor: LTC's, with IR reuse's clean-up after each
-// mark_step, and the live tensors' sync in functional_update's order, less
-// those whose pending value is device data (pending_data.h).
+// mark_step, the live tensors' sync in functional_update's order, and no
+// graph for a tensor whose pending value is device data (pending_data.h),
+// at mark_step as at a read.
 class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
  public:
   void SyncLiveTensorsGraph(const torch::lazy::BackendDevice* device, c10::ArrayRef<std::string> devices,
                             bool wait) override {
     auto tensors = GetLiveTensors(device);  // as LTC's own, but for the order
-    settlePendingData(tensors);
     orderUpdatedLast(tensors);
     SyncTensorsGraph(&tensors, devices, wait, /*sync_ltc_data=*/true);
   }
@@ -232,6 +233,14 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
       return;
     }
     cleanTrie(torch::lazy::TrieCache::Get()->Current());
+  }
+
+ private:
+  // Asked of each tensor a sync collects (pending, no data handle): one
+  // settled here is read from its data like any synced tensor.
+  bool ShouldSyncTensor(const torch::lazy::LazyTensorPtr& tensor) const override {
+    if (settlePendingData(tensor)) return false;
+    return tensor->CurrentIrValue()->op() != *torch::lazy::ltc_not_supported;  // LTC's own rule
   }
 };
 

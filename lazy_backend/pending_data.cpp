@@ -15,22 +15,21 @@ bool isIdentityCopy(const torch::lazy::Node* node) {
 
 }  // namespace
 
-void settlePendingData(const std::vector<torch::lazy::LazyTensorPtr>& tensors) {
-  for (const torch::lazy::LazyTensorPtr& tensor : tensors) {
-    torch::lazy::Value value = tensor->CurrentIrValue();
-    if (!value || tensor->CurrentDataHandle() != nullptr) {
-      continue;  // nothing pending, or LTC's cached node of its own data (never synced)
-    }
-    const torch::lazy::Node* node = value.node.get();
-    while (isIdentityCopy(node)) {
-      node = node->operand(0).node;
-    }
-    const auto* data_node = torch::lazy::DeviceData::Cast(node);
-    if (data_node == nullptr || !(data_node->data()->shape() == tensor->shape().Get())) {
-      continue;
-    }
-    tensor->SetDataHandle(data_node->data());  // drops the pending value
+bool settlePendingData(const torch::lazy::LazyTensorPtr& tensor) {
+  torch::lazy::Value value = tensor->CurrentIrValue();
+  if (!value || tensor->CurrentDataHandle() != nullptr) {
+    return false;  // nothing pending, or LTC's cached node of its own data (never synced)
   }
+  const torch::lazy::Node* node = value.node.get();
+  while (isIdentityCopy(node)) {
+    node = node->operand(0).node;
+  }
+  const auto* data_node = torch::lazy::DeviceData::Cast(node);
+  if (data_node == nullptr || !(data_node->data()->shape() == tensor->shape().Get())) {
+    return false;
+  }
+  tensor->SetDataHandle(data_node->data());  // drops the pending value
+  return true;
 }
 
 }  // namespace lazy_mlir

@@ -194,6 +194,30 @@ def test_mark_step_alone_is_no_sync(lazy_level):
     torch.testing.assert_close(y.cpu(), x.cpu().sin() * 2)
 
 
+def test_a_detached_value_read_after_mark_step_runs_no_graph(lazy_level):
+    """``loss.detach().cpu()`` / ``.item()`` after mark_step (a training
+    loop logging its loss): the detached copy of device data takes that
+    data (lazy_backend/pending_data.h) instead of executing a graph of its
+    own for a copy (one a read before). What is read is a copy: writing it
+    leaves the lazy tensor alone."""
+    w = torch.randn(4, requires_grad=True)
+    lazy_w = w.detach().to(LAZY).requires_grad_()
+    loss = (lazy_w * 3).square().sum()
+    loss.backward()
+    torch._lazy.mark_step()
+    expected = (w.detach() * 3).square().sum()
+    metrics.reset()
+    read = loss.detach().cpu()
+    value = loss.detach().item()
+    grad = lazy_w.grad.detach().cpu()
+    assert metrics.snapshot()["graph_executions"] == 0, metrics.report()
+    torch.testing.assert_close(read, expected)
+    assert value == pytest.approx(float(expected))
+    torch.testing.assert_close(grad, 18 * w.detach())
+    read.add_(1)
+    assert loss.item() == pytest.approx(float(expected))
+
+
 def _data_dependent(x):
     return torch.masked_select(x, x > 0)  # output shape depends on values: no lazy kernel can trace it
 
