@@ -28,7 +28,7 @@ from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
 from . import config, donation, dump, metrics, portable_graph
-from .codegen import conv_layout, inductor, onednn_linear
+from .codegen import conv_layout, copied_reshapes, inductor, onednn_linear
 from .lowered_group import LoweredGroup
 from .lowering import export_graph, import_graph, symbolic_metas
 from .lowering.ts_to_fx import ts_graph_to_fx
@@ -123,6 +123,7 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
         donation.write_into_inputs(gm, cfg.donated_inputs, example_inputs)
     if cfg.onednn_linear != "off":  # float32 CPU products only: it reads their values' dtypes and devices
         onednn_linear.rewrite(gm, measured=cfg.onednn_linear == "auto")
+    copied_reshapes.rewrite(gm)  # before Inductor folds reshapes into reshapes (static sizes only)
     collective_bytes = _collective_bytes(gm)
     if not collective_bytes:  # the zero passes planned a collective group's memory in the layouts it has
         conv_layout.rewrite(gm, fake_inputs, fake_mode)
