@@ -165,9 +165,24 @@ dropout = sys.argv[1] == "dropout"
 # dropout: three groups, compiled side by side with a worker whatever their size
 lazy_mlir.init("O1", cpp_wrapper=True, progress=False, **(dict(compile_workers=1) if dropout else {{}}))
 parallel_compile.MIN_OPS_FOR_WORKERS = 0
+
+
+class GatheringMLP(DropoutMLP):
+    # rows gathered at an index a 0-d input offsets: out of bounds on zero
+    # inputs, which a worker's run of new code must not be given
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(8, 16))
+        self.last = torch.nn.Buffer(torch.tensor(7))
+
+    def forward(self, x, y):
+        index = (self.last - torch.arange(8, device=x.device)).unsqueeze(1).expand(8, 16)
+        return super().forward(x + torch.gather(self.table, 0, index), y)
+
+
 torch.manual_seed(0)
 if dropout:
-    eager = DropoutMLP().double()
+    eager = GatheringMLP().double()
 else:
     eager = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 3)).double()
 lazy = copy.deepcopy(eager).to("lazy")
@@ -195,7 +210,7 @@ print(json.dumps({{"losses": losses, "metrics": metrics.snapshot(), "compiler": 
 
 
 def _cached_child(cache_dir, model="mlp", **env) -> dict:
-    """Trains ``model`` ("mlp", or "dropout": three groups) in a fresh process
+    """Trains ``model`` ("mlp", or "dropout": three groups, a gather) in a fresh process
     beside eager; its losses, metrics and the compiler modules it loaded."""
     result = subprocess.run([sys.executable, "-c", TRAINING_CHILD, model], capture_output=True, text=True, timeout=600,
                             env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(cache_dir), "LAZY_MLIR_CPP_WRAPPER": "1",
@@ -292,8 +307,9 @@ def test_a_graph_of_several_groups_compiles_them_in_workers(tmp_path):
     """parallel_compile with isolated_compile: each group is lowered to FX in
     the compile worker during the graph's first execution (for the layouts
     its code will return), and its code generated there or in a second
-    worker at the end of it; the training process loads none of the
-    compiler, and trains as eager."""
+    worker at the end of it, each run there once on inputs holding the 0-d
+    values (an index computed from one is in bounds); the training process
+    loads none of the compiler, and trains as eager."""
     out = _cached_child(tmp_path, "dropout")
     s = out["metrics"]
     assert s["group_cache_misses"] == s["stage_runs"].get("isolated_prepare") == 3, s

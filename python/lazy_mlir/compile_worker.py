@@ -52,7 +52,7 @@ def _serve(jobs: Connection, replies: Connection) -> None:
         start = time.perf_counter()
         try:
             gm = portable_graph.loads(job["graph"])
-            blanks = [blank_input(layout).zero_() for layout in job["inputs"]]
+            blanks = _blank_inputs(job["inputs"], aliased=False)  # the graph's code: compiled for separate buffers
             fake_mode, fakes = fake_inputs_of(blanks)
             run, _, artefact = inductor.compile_graph(gm, fakes, fake_mode, job["name"], serializable=True,
                                                       cpp_wrapper=job.get("cpp_wrapper", False))
@@ -64,12 +64,12 @@ def _serve(jobs: Connection, replies: Connection) -> None:
         replies.send(reply)
 
 
-def _blank_inputs(message: dict) -> list[torch.Tensor]:
-    """Zeros (an index into anything), laid out and aliased as the parent's,
-    the 0-d ones holding its values."""
+def _blank_inputs(message: dict, aliased: bool = True) -> list[torch.Tensor]:
+    """Zeros (an index into anything), laid out (and ``aliased``) as the
+    parent's inputs, the 0-d ones holding its values."""
     inputs = []
     for i, (layout, same_as) in enumerate(zip(message["layouts"], message["same_as"])):
-        t = inputs[same_as] if same_as != i else blank_input(layout).zero_()
+        t = inputs[same_as] if aliased and same_as != i else blank_input(layout).zero_()
         if i in message["scalars"]:
             t.fill_(message["scalars"][i])
         inputs.append(t)

@@ -709,7 +709,7 @@ class DeferredCompile:
 
     def request(self) -> tuple:
         artifacts = self.prepared.artifacts
-        return (self.name, artifacts["graph"], [parallel_compile.input_layout(t) for t in self.inputs],
+        return (self.name, artifacts["graph"], isolated_compile.input_message(self.inputs),
                 artifacts.get("cpp_wrapper", False), self.isolated)
 
     def generated_elsewhere(self, artefact: bytes, seconds: float, plan=None) -> None:

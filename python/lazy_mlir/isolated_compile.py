@@ -89,7 +89,9 @@ def graph_from_message(message: dict) -> torch._C.Graph:
 def input_message(inputs: list[torch.Tensor]) -> dict:
     """What the worker makes blank inputs from: layouts, which earlier input
     each repeats (LTC passes one tensor twice), and the 0-d inputs' values
-    (the passes bake some into the code)."""
+    (the passes bake some into the code, and the code the worker runs once
+    may compute an index from one: Funnel's position gather read out of
+    bounds on zeros, which ended the worker)."""
     from .parallel_compile import input_layout
     first: dict[int, int] = {}
     return {"layouts": [input_layout(t) for t in inputs],
@@ -136,8 +138,7 @@ def prepare(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str,
 def generate(name: str, prepared: PreparedElsewhere, inputs: list[torch.Tensor], cfg: config.Config):
     """(Inductor's artefact, native plan or None) of a prepared group,
     generated in the worker; None: generate it here."""
-    from .parallel_compile import input_layout
-    job = {"name": name, "graph": prepared.artifacts["graph"], "inputs": [input_layout(t) for t in inputs],
+    job = {"name": name, "graph": prepared.artifacts["graph"], "inputs": input_message(inputs),
            "cpp_wrapper": True, "probe": True}
     reply = _ask(job, name, cfg, expected="done")
     return None if reply is None else (reply[1], reply[3])

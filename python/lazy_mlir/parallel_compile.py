@@ -84,11 +84,12 @@ class WorkerProcess:
         self.alive = self.ready
         return self.ready
 
-    def compile(self, name: str, graph: bytes, layouts: list[tuple], cpp_wrapper: bool = False,
+    def compile(self, name: str, graph: bytes, inputs: dict, cpp_wrapper: bool = False,
                 probe: bool = False) -> tuple:
         """("done", artefact bytes, seconds, native plan or None) or ("failed", why).
-        ``probe``: the code is run once on zeros for its native plan."""
-        return self.send({"name": name, "graph": graph, "inputs": layouts, "cpp_wrapper": cpp_wrapper, "probe": probe})
+        ``inputs``: ``isolated_compile.input_message``'s. ``probe``: the code
+        is run once on the blank inputs for its native plan."""
+        return self.send({"name": name, "graph": graph, "inputs": inputs, "cpp_wrapper": cpp_wrapper, "probe": probe})
 
     def send(self, job: dict) -> tuple:
         """The worker's reply to ``job``; ("exited", why) when it died."""
