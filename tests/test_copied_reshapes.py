@@ -61,7 +61,7 @@ def _compiled(step, inputs, rewrite: bool):
     return copies, run([t.detach() for t in inputs()]), code
 
 
-def nested_remainders(code: str) -> list[str]:
+def _nested_remainders(code: str) -> list[str]:
     """The quotients and remainders in the generated C++ whose operand holds
     another (Inductor writes ``ModularIndexing(x, d, m)`` as one remainder
     of one quotient, ``(c10::div_floor_integer(x, d)) % m``: x is checked)."""
@@ -100,10 +100,10 @@ def _opening(code: str, i: int) -> int:
 def test_a_relative_shift_step_indexes_without_nested_remainders():
     expected = _shift_step(*_shift_inputs())
     _, plain_outputs, plain_code = _compiled(_shift_step, _shift_inputs, rewrite=False)
-    assert nested_remainders(plain_code), "the premise: Inductor alone nests the shift's reshapes"
+    assert _nested_remainders(plain_code), "the premise: Inductor alone nests the shift's reshapes"
     copies, outputs, code = _compiled(_shift_step, _shift_inputs, rewrite=True)
     assert copies == 2  # one in the forward's shift, one in its backward's
-    assert nested_remainders(code) == []
+    assert _nested_remainders(code) == []
     for actual in (outputs, plain_outputs):
         for a, e in zip(actual, expected, strict=True):
             torch.testing.assert_close(a, e.detach(), rtol=1e-5, atol=1e-4)
@@ -144,4 +144,4 @@ def test_a_relative_shift_model_trains_compiled_without_nested_remainders(tmp_pa
     code = trained_like_eager(tmp_path, _RelativeShiftAttention, sgd, _shift_batches(), rtol=1e-5, atol=1e-6)
     exported = "\n".join(p.read_text() for p in tmp_path.glob("*.4.export.fx.txt"))
     assert "inductor_force_stride_order" in exported
-    assert nested_remainders(code) == []
+    assert _nested_remainders(code) == []
