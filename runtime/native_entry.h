@@ -29,10 +29,17 @@ class NativeEntry {
   // `arguments[i]`: the group input passed as entry argument i.
   // `outputs[j]` >= 0: group output j is entry result outputs[j]; < 0: it is
   // group input -1 - outputs[j]. `seen`: the group's inputs at that call.
-  // `scalars`: inputs whose values the code took as constants; admitted
-  // only as the very tensors seen, unwritten since (executables.ScalarGuards).
+  // `aliases`: outputs returned as a new alias (at::alias) of their entry
+  // result, as AOTAutograd's wrapper returns a new view for an output that
+  // aliases an input. `scalars`: inputs whose values the code took as
+  // constants; admitted only as the very tensors seen, unwritten since
+  // (executables.ScalarGuards). `moves`: (input, strides) to copy into
+  // before the call, the layouts the code took (GroupExecutable._adapt_layouts);
+  // `seen` holds them as given, before the moves.
+  using Moves = std::vector<std::pair<int64_t, std::vector<int64_t>>>;
   NativeEntry(const std::string& library, std::vector<int64_t> arguments, int64_t num_results,
-              std::vector<int64_t> outputs, const std::vector<at::Tensor>& seen, const std::vector<int64_t>& scalars);
+              std::vector<int64_t> outputs, const std::vector<int64_t>& aliases, const std::vector<at::Tensor>& seen,
+              const std::vector<int64_t>& scalars, Moves moves);
   ~NativeEntry();
   NativeEntry(const NativeEntry&) = delete;
   NativeEntry& operator=(const NativeEntry&) = delete;
@@ -53,6 +60,7 @@ class NativeEntry {
   std::vector<int64_t> arguments_;
   int64_t num_results_;
   std::vector<int64_t> outputs_;
+  std::vector<bool> aliased_;  // per output: returned as a new alias
   std::vector<Layout> layouts_;
   struct Scalar {
     int64_t position;
@@ -60,6 +68,7 @@ class NativeEntry {
     int64_t version;
   };
   std::vector<Scalar> scalars_;
+  Moves moves_;
 };
 
 // What a GroupExecutable's current code offers its CompiledGroup: set by

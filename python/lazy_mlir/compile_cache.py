@@ -164,7 +164,7 @@ def store_native(lowered: LoweredGroup, plan: native_call.Plan, cfg: config.Conf
         return  # Inductor's cache was emptied meanwhile: later processes load the artefact
     key = _native_key(lowered.disk_key)
     disk.write(key, pickle.dumps({"key": key, "arguments": plan.arguments, "num_results": plan.num_results,
-                                  "outputs": plan.outputs, "library": library}))
+                                  "outputs": plan.outputs, "aliases": plan.aliases, "library": library}))
 
 
 def _native_plan(disk: DiskCache, key: str) -> native_call.Plan | None:
@@ -176,7 +176,7 @@ def _native_plan(disk: DiskCache, key: str) -> native_call.Plan | None:
     if path is None:
         return None
     metrics.count_cache("native_load")
-    return native_call.Plan(path, entry["arguments"], entry["num_results"], entry["outputs"])
+    return native_call.Plan(path, entry["arguments"], entry["num_results"], entry["outputs"], entry.get("aliases", []))
 
 
 def _load_python(disk: DiskCache, key: str, name: str, inputs: list[torch.Tensor]):

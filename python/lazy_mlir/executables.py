@@ -244,6 +244,7 @@ class GroupExecutable:
         # The input layouts a deferred compile's code took (parallel_compile), until another layout came.
         self._guessed_layouts: list[tuple] | None = None
         self._probe_next = False  # the code's next run probes it (_call_code)
+        self._moves: list[tuple[int, tuple]] = []  # (input, strides) copied into the code's layout (_adapt_layouts)
         # The current code offered to the C++ CompiledGroup (native_call),
         # cleared whenever the code changes.
         self.native = _C.NativeEntrySlot()
@@ -343,18 +344,17 @@ class GroupExecutable:
         if not moved:
             return False
         metrics.count_cache("layout_adapted")
-        guard, code = layout_guard(inputs), self._run
-
-        def adapted(inputs):
-            if not guard.check(*inputs):
-                return self._for_layout(inputs)
-            inputs = list(inputs)
-            for i, strides in moved:
-                inputs[i] = in_layout(inputs[i], strides)
-            return code(inputs)
-
-        self._run = adapted
+        # the code's guard admits inputs in these layouts; _call_code moves them (C++ too, native_entry.h)
+        self.layout, self._moves = layout_guard(inputs), moved
         return True
+
+    def _in_code_layouts(self, inputs):
+        if not self._moves:
+            return inputs
+        inputs = list(inputs)
+        for i, strides in self._moves:
+            inputs[i] = in_layout(inputs[i], strides)
+        return inputs
 
     def _structure(self) -> str:
         """group_key.structure of the graph, once (~0.1 s per 1000 nodes)."""
@@ -386,7 +386,8 @@ class GroupExecutable:
             return self._for_layout(inputs)
         return self._call_code(inputs)
 
-    def _call_code(self, inputs):
+    def _call_code(self, given):
+        inputs = self._in_code_layouts(given)
         if self._graphed is not None:
             return self._graphed(inputs)
         if self._runs_to_capture:
@@ -400,23 +401,24 @@ class GroupExecutable:
         self._probe_next = False
         plan = self.lowered.native if self.cfg.native_calls else None
         if plan is not None:  # read from the cache as a library: called as one, Inductor never loaded
-            return self.native.call(inputs) if self._offer_native(plan, inputs) else self.lowered.run(inputs)
+            return self.native.call(given) if self._offer_native(plan, given) else self.lowered.run(inputs)
         # The code's first run: it also tells whether C++ may call the code
         # itself from the next run on (native_call), for inputs like these.
         outputs, plan = native_call.probe(self.lowered.run, inputs)
-        if plan is not None and self._offer_native(plan, inputs):
+        if plan is not None and self._offer_native(plan, given):
             self.lowered.native = plan
             compile_cache.store_native(self.lowered, plan, self.cfg)
         return outputs
 
     def _offer_native(self, plan: native_call.Plan, inputs) -> bool:
-        """Offers the code to the C++ CompiledGroup, for inputs like these;
+        """Offers the code to the C++ CompiledGroup, for inputs like these
+        (before their moves into the code's layouts, which C++ makes too);
         False (a warning) when the library is not what native_entry.h expects."""
         try:
             # C++ checks the scalars' tensors as ScalarGuards does: the
             # very tensors seen now, unchanged
-            self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, inputs,
-                            [i for i, _ in self.lowered.guards])
+            self.native.set(plan.library, plan.arguments, plan.num_results, plan.outputs, plan.aliases, inputs,
+                            [i for i, _ in self.lowered.guards], self._moves)
         except RuntimeError as exc:  # Python calls it
             warnings.warn(f"lazy_mlir: {self.name}'s code is called through Python: {exc}", RuntimeWarning,
                           stacklevel=3)
@@ -424,6 +426,7 @@ class GroupExecutable:
         return True
 
     def _use(self, lowered):
+        self._moves = []
         compiled = lowered is not None and not isinstance(lowered, _Compiling)
         self._probe_next = compiled and not lowered.collective_bytes
         graphed = compiled and cuda_graphs.eligible(self.cfg, lowered, self.graph)
@@ -463,8 +466,11 @@ class GroupExecutable:
         if not self.layout.check(*inputs):
             return self._for_layout(inputs)
         if not self._scalars.hold(inputs):
-            # A scalar whose value was baked in (a shape depends on it) changed.
-            self._use(self._lowered_for(inputs))
+            # A scalar whose value was baked in (a shape depends on it) changed:
+            # another variant of this layout's code, which takes the same moves
+            moves = self._moves
+            self._use(self._lowered_for(self._in_code_layouts(inputs)))
+            self._moves = moves if self.lowered is not None else []
             return self._run(inputs)
         if self.lowered.collective_bytes:
             metrics.count_collectives(self.lowered.collective_bytes)

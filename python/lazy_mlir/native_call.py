@@ -10,10 +10,13 @@ next step's trace (~1 us a tensor). So once, at the first run of a group's
 code, ``probe`` runs it through Python watching the one call into the
 generated module, and works out by identity which group input each entry
 argument is and which entry result, or group input, each group output is.
-It gives that plan only when the wrapper around the entry did nothing else:
-every argument is a group input as it was given, every output an entry
-result or an input, and every entry result an output (a result the wrapper
-copied into an input, or a view it rebuilt, makes the plan None). The C++
+It gives that plan only when the wrapper around the entry did nothing else
+that C++ does not do too: every argument is a group input as it was given;
+every output an entry result, an input, or a view the wrapper rebuilt of an
+input whose elements and layout a result holds (C++ returns a new alias of
+that result); every entry result such an output or the memory of an input
+(written in place). A result the wrapper copied into an input, or a view
+laid out like no result, makes the plan None. The C++
 side (runtime/native_entry.h) then calls the entry while the inputs keep the
 layouts of that run; any other input falls back to the Python path.
 
@@ -36,6 +39,7 @@ class Plan:
     arguments: list[int]  # the group input passed as each entry argument
     num_results: int
     outputs: list[int]    # per group output: an entry result (>= 0) or group input -1 - k
+    aliases: list[int] = dataclasses.field(default_factory=list)  # outputs returned as a new alias of their result
 
 
 _watching = threading.local()  # .calls: the CompiledFxGraph calls seen on this thread during a probe
@@ -88,14 +92,32 @@ def _plan(given, outputs, calls) -> Plan | None:
     if any(k is None for k in arguments):
         return None  # an argument the wrapper made (a size, a view): not ours to give
     result_of = {id(r): k for k, r in enumerate(results)}
-    plan_outputs = []
-    for out in outputs:
+    plan_outputs, aliases = [], []
+    for j, out in enumerate(outputs):
         if id(out) in result_of:
             plan_outputs.append(result_of[id(out)])
         elif id(out) in by_id:
             plan_outputs.append(-1 - by_id[id(out)])
-        else:
-            return None  # made by the wrapper (an alias rebuilt)
-    if set(k for k in plan_outputs if k >= 0) != set(range(len(results))):
-        return None  # a result the wrapper used otherwise (copied into an input)
-    return Plan(library, arguments, len(results), plan_outputs)
+        else:  # made by the wrapper: an alias it rebuilt of the result it equals
+            twin = next((k for k, r in enumerate(results) if _same_memory(out, r)), None)
+            if twin is None:
+                return None
+            plan_outputs.append(twin)
+            aliases.append(j)
+    for k, r in enumerate(results):
+        if k not in plan_outputs and not any(_same_memory(r, t) for t in list(outputs) + given):
+            return None  # a result the wrapper used otherwise (copied into an input)
+    return Plan(library, arguments, len(results), plan_outputs, aliases)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same memory.
+    AOTAutograd rebuilds an output that aliases an input as a new view of
+    that input (an updated weight written into its donated buffer, and its
+    transpose), though the code returned the same elements as a result (or
+    the input itself): C++ returns a new alias of that result, so that the
+    output is neither the input's tensor nor another output's (the next
+    step's groups were compiled for such distinct tensors)."""
+    return (a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
