@@ -453,23 +453,34 @@ print(json.dumps({{"losses": losses, "metrics": metrics.snapshot(), "compiler": 
 """.format(zoo=os.path.join(os.path.dirname(os.path.abspath(__file__)), "models"))
 
 
-def test_hf_gpt2_with_dropout_compiles_in_workers(tmp_path):
-    """A model nobody here wrote, as users train it (dropout 0.1: several
-    groups a step), with the defaults: every group is compiled in a worker,
-    the training process loads none of the compiler, not even Inductor's
-    loader of its code (codecache: every group's code is called from C++
-    after its first run, the group that copies inputs into its code's
-    layouts too), and it trains as eager."""
+def _train_zoo_child(cache_dir) -> dict:
     result = subprocess.run([sys.executable, "-c", ZOO_CHILD], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(tmp_path), "LAZY_MLIR_CPP_WRAPPER": "1",
+                            env={**os.environ, "LAZY_MLIR_CACHE_DIR": str(cache_dir), "LAZY_MLIR_CPP_WRAPPER": "1",
                                  "LAZY_MLIR_COMPILE_WORKERS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     torch.testing.assert_close(out["losses"]["lazy"], out["losses"]["eager"], rtol=1e-9, atol=1e-9)
     s = out["metrics"]
     assert s["groups_fallen_back"] == {} and s["fallback_count"] == 0 and s["isolated_compile_failures"] == 0, s
-    assert s["group_cache_misses"] >= 2 and s["stage_runs"].get("isolated_prepare") == s["group_cache_misses"], s
-    assert s["compiled_group_calls"] == s["group_calls"] - s["interpreted_group_calls"] > 0, s  # after the first step
-    assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"], s
+    assert s["native_group_calls"] == s["compiled_group_calls"] - s["groups_built"], s  # every run after the first
     assert s["layouts_adapted"] >= 1, s  # the premise: a group copies inputs into its code's layouts
     assert out["compiler"] == [], f"HF GPT-2's training process loaded {out['compiler']}"
+    return s
+
+
+def test_hf_gpt2_with_dropout_compiles_in_workers(tmp_path):
+    """A model nobody here wrote, as users train it (dropout 0.1: several
+    groups a step), with the defaults: every group is compiled in a worker,
+    the training process loads none of the compiler, not even Inductor's
+    loader of its code (codecache: every group's code is called from C++
+    after its first run, the group that copies inputs into its code's
+    layouts too), and it trains as eager. A second process on the same
+    cache compiles nothing: the adapted group's code is found by the
+    layouts the cached groups before it return (compile_cache.adaptation),
+    not compiled again for them."""
+    s = _train_zoo_child(tmp_path)
+    assert s["group_cache_misses"] >= 2 and s["stage_runs"].get("isolated_prepare") == s["group_cache_misses"], s
+    assert s["compiled_group_calls"] == s["group_calls"] - s["interpreted_group_calls"] > 0, s  # after the first step
+    again = _train_zoo_child(tmp_path)
+    assert again["group_cache_misses"] == 0 and again["group_cache_disk_hits"] == s["group_cache_misses"], again
+    assert again["compiled_group_calls"] == again["group_calls"], again  # no step in TorchScript

@@ -29,6 +29,7 @@ from .lowered_group import LoadOnFirstCall, LoweredGroup
 
 _entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
 _failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
+_adaptations: dict[str, tuple[str, list]] = {}  # key -> (code's key, moves): store_adaptation
 
 
 def disk_of(cfg: config.Config) -> DiskCache | None:
@@ -188,6 +189,36 @@ def _load_python(disk: DiskCache, key: str, name: str, inputs: list[torch.Tensor
     return load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name).run
 
 
+def _adaptation_key(key: str) -> str:
+    return hashlib.sha256(f"adapted|{key}".encode()).hexdigest()
+
+
+def store_adaptation(key: str, code_key: str, moves: list[tuple[int, tuple]], cfg: config.Config) -> None:
+    """Inputs whose layouts give ``key`` run the code stored at ``code_key``
+    once ``moves`` ((input, strides) each) copy them into its layouts
+    (GroupExecutable._adapt_layouts). Code compiled while its graph ran in
+    TorchScript took the layouts TorchScript gave; a later process, whose
+    earlier groups run cached code from the start, gives it the layouts
+    that code returns, and finds it here instead of compiling again."""
+    _adaptations[key] = (code_key, list(moves))
+    disk = disk_of(cfg)
+    if disk is not None:
+        entry_key = _adaptation_key(key)
+        disk.write(entry_key, pickle.dumps({"key": entry_key, "code_key": code_key, "moves": list(moves)}))
+
+
+def adaptation(key: str, cfg: config.Config) -> tuple[str, list] | None:
+    """(code's key, moves) stored for inputs at ``key`` by store_adaptation, or None."""
+    if key in _adaptations:
+        return _adaptations[key]
+    disk = disk_of(cfg)
+    entry = read_entry(disk, _adaptation_key(key)) if disk is not None else None
+    if entry is None or not isinstance(entry.get("code_key"), str):
+        return None
+    _adaptations[key] = entry["code_key"], [(int(i), tuple(strides)) for i, strides in entry["moves"]]
+    return _adaptations[key]
+
+
 def _failure_key(key: str) -> str:
     return hashlib.sha256(f"failed|{key}".encode()).hexdigest()
 
@@ -220,6 +251,7 @@ def forget_failures() -> None:
 
 
 def clear_memory() -> None:
-    """Forgets the in-memory variants and failures (tests: the next lookup goes to disk)."""
+    """Forgets the in-memory variants, failures and adaptations (tests: the next lookup goes to disk)."""
     _entries.clear()
     _failures.clear()
+    _adaptations.clear()

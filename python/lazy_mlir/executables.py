@@ -309,8 +309,9 @@ class GroupExecutable:
         else:
             if self._adapt_layouts(inputs) or self._adopt_layout_guess(inputs):
                 return self._run(inputs)
-            guard, key = layout_guard(inputs), group_key.group_key(self.graph, inputs, self.cfg.key(),
-                                                                   self._structure())
+            guard, key = layout_guard(inputs), self._key_of(inputs)
+            if self._adopt_stored_adaptation(inputs, guard, key):
+                return self._run_new_code(inputs)
             self._layouts.append((guard, key))
             new_layout = True
         self.layout, self.cache_key = guard, key
@@ -346,6 +347,31 @@ class GroupExecutable:
         metrics.count_cache("layout_adapted")
         # the code's guard admits inputs in these layouts; _call_code moves them (C++ too, native_entry.h)
         self.layout, self._moves = layout_guard(inputs), moved
+        if not self.cfg.dump_dir:  # a later process finds the code by these layouts (_adopt_stored_adaptation)
+            compile_cache.store_adaptation(self._key_of(inputs), self.cache_key, moved, self.cfg)
+        return True
+
+    def _adopt_stored_adaptation(self, inputs, guard, key) -> bool:
+        """Inputs in layouts that an earlier run (another process) adapted
+        to this group's code (_adapt_layouts): that code, found by these
+        layouts' ``key``, with the same moves, instead of a compile. False
+        when none was stored, or its code is no longer in the cache."""
+        stored = None if self.cfg.dump_dir else compile_cache.adaptation(key, self.cfg)
+        if stored is None:
+            return False
+        code_key, moves = stored
+        # what a lookup reads of the inputs: the code's layouts, and the 0-d values (never moved)
+        code_inputs = list(inputs)
+        for i, strides in moves:
+            code_inputs[i] = torch.empty_strided(inputs[i].shape, strides, dtype=inputs[i].dtype,
+                                                 device=inputs[i].device)
+        found = compile_cache.lookup(code_key, code_inputs, self.name, self.cfg, count_miss=False)
+        if found is None:
+            return False
+        metrics.count_cache("layout_adapted")
+        self.cache_key = code_key
+        self._use(self._lowered_for(code_inputs, found=found))
+        self.layout, self._moves = guard, moves
         return True
 
     def _in_code_layouts(self, inputs):
@@ -361,6 +387,10 @@ class GroupExecutable:
         if self._graph_structure is None:
             self._graph_structure = group_key.structure(self.graph)
         return self._graph_structure
+
+    def _key_of(self, inputs) -> str:
+        """The cache key of this group's code compiled for inputs like these."""
+        return group_key.group_key(self.graph, inputs, self.cfg.key(), self._structure())
 
     def _structure_key(self) -> tuple[str, str]:
         return self._structure(), self.cfg.key()
@@ -476,10 +506,11 @@ class GroupExecutable:
             metrics.count_collectives(self.lowered.collective_bytes)
         return self._call_code(inputs)
 
-    def _lowered_for(self, inputs, count_miss=True):
+    def _lowered_for(self, inputs, count_miss=True, found=None):
+        """The code for ``inputs`` (``found``: what the cache already gave for them)."""
         if self._family is None:
             self._family = group_key.family(self.graph)
-        lowered = self._cached(inputs, count_miss)
+        lowered = found if found is not None else self._cached(inputs, count_miss)
         generic = None
         sighting = shape_generic.sight(self.graph, inputs, self.cfg)  # also on a hit: sizes seen count
         if lowered is None and sighting is not None:

@@ -351,13 +351,13 @@ def report() -> str:
         + f", {s['group_cache_misses']} misses"
         + (f" ({s['group_cache_waits']} compiled by another process meanwhile)" if s["group_cache_waits"] else "")
         + (f"; {s['isolated_compile_failures']} compiled here, the compile worker failed them"
-           if s["isolated_compile_failures"] else ""),
+           if s["isolated_compile_failures"] else "")
+        + (f"; {s['layouts_adapted']} groups copy inputs into the layouts their code took"
+           if s["layouts_adapted"] else ""),
     ]
     if s["worker_compiles"]:
         lines.append(f"  compile workers      {s['worker_compiles']} groups' code generated beside this process "
-                     f"({s['seconds']['worker_codegen']:.1f} s there)"
-                     + (f"; {s['layouts_adapted']} groups copy inputs into the layouts their code took"
-                        if s["layouts_adapted"] else ""))
+                     f"({s['seconds']['worker_codegen']:.1f} s there)")
     if s["generic_hits"] or s["generic_compiles"] or s["generic_failed"]:
         lines.append(f"  shape-generic        {s['generic_hits']} sizes served ({s['generic_disk_hits']} variants "
                      f"read from disk), {s['generic_compiles']} compiled, {s['generic_failed']} failed (compiled static)")
