@@ -189,6 +189,21 @@ def _load_python(disk: DiskCache, key: str, name: str, inputs: list[torch.Tensor
     return load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name).run
 
 
+def _write_record(entry_key: str, field: str, value, cfg: config.Config) -> None:
+    """A small entry (an adaptation, a failure) in the cache folder, if there is one."""
+    disk = disk_of(cfg)
+    if disk is not None:
+        disk.write(entry_key, pickle.dumps({"key": entry_key, field: value}))
+
+
+def _read_record(entry_key: str, field: str, kind: type, cfg: config.Config):
+    """The value a _write_record left, if it is a ``kind``; else None."""
+    disk = disk_of(cfg)
+    entry = read_entry(disk, entry_key) if disk is not None else None
+    value = None if entry is None else entry.get(field)
+    return value if isinstance(value, kind) else None
+
+
 def _adaptation_key(key: str) -> str:
     return hashlib.sha256(f"adapted|{key}".encode()).hexdigest()
 
@@ -201,21 +216,17 @@ def store_adaptation(key: str, code_key: str, moves: list[tuple[int, tuple]], cf
     earlier groups run cached code from the start, gives it the layouts
     that code returns, and finds it here instead of compiling again."""
     _adaptations[key] = (code_key, list(moves))
-    disk = disk_of(cfg)
-    if disk is not None:
-        entry_key = _adaptation_key(key)
-        disk.write(entry_key, pickle.dumps({"key": entry_key, "code_key": code_key, "moves": list(moves)}))
+    _write_record(_adaptation_key(key), "adaptation", (code_key, list(moves)), cfg)
 
 
 def adaptation(key: str, cfg: config.Config) -> tuple[str, list] | None:
     """(code's key, moves) stored for inputs at ``key`` by store_adaptation, or None."""
-    if key in _adaptations:
-        return _adaptations[key]
-    disk = disk_of(cfg)
-    entry = read_entry(disk, _adaptation_key(key)) if disk is not None else None
-    if entry is None or not isinstance(entry.get("code_key"), str):
-        return None
-    _adaptations[key] = entry["code_key"], [(int(i), tuple(strides)) for i, strides in entry["moves"]]
+    if key not in _adaptations:
+        stored = _read_record(_adaptation_key(key), "adaptation", tuple, cfg)
+        if stored is None:
+            return None
+        code_key, moves = stored
+        _adaptations[key] = code_key, [(int(i), tuple(strides)) for i, strides in moves]
     return _adaptations[key]
 
 
@@ -228,21 +239,18 @@ def store_failure(key: str, reason: str, cfg: config.Config, on_disk: bool = Tru
     again in this process nor, through the disk cache (``on_disk``), in the
     next one (the key covers versions and lowering code, so a fix retries it)."""
     _failures[key] = reason
-    disk = disk_of(cfg) if on_disk else None
-    if disk is not None:
-        disk.write(_failure_key(key), pickle.dumps({"key": _failure_key(key), "failed": reason}))
+    if on_disk:
+        _write_record(_failure_key(key), "failed", reason, cfg)
 
 
 def known_failure(key: str, cfg: config.Config) -> str | None:
     """Why the group at ``key`` failed before, or None."""
-    if key in _failures:
-        return _failures[key]
-    disk = disk_of(cfg)
-    entry = read_entry(disk, _failure_key(key)) if disk is not None else None
-    if entry is None or not isinstance(entry.get("failed"), str):
-        return None
-    _failures[key] = entry["failed"]
-    return entry["failed"]
+    if key not in _failures:
+        reason = _read_record(_failure_key(key), "failed", str, cfg)
+        if reason is None:
+            return None
+        _failures[key] = reason
+    return _failures[key]
 
 
 def forget_failures() -> None:
