@@ -168,8 +168,12 @@ def _before_forward(module: torch.nn.Module, args) -> None:
         _decided(module)
         _setup_sync(_lazy_buffers(module))  # as _settle syncs a model's
         return
-    params = [p for p in _lazy_params(module) if p.requires_grad]
-    if params:
+    params = _lazy_params(module)
+    if any(p.requires_grad for p in params):
+        # frozen ones too, as prepare() does: a frozen weight left pending is
+        # a detach copy at the first step and device data at the next (its
+        # sync settles it), another graph, compiled again (HF Pegasus' and
+        # Whisper's sinusoidal positions)
         _settle(module, params)
     else:
         _settled.add(module)
