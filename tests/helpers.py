@@ -164,3 +164,24 @@ def trained_like_eager(tmp_path, make_model, make_opt, batches, rtol, atol, **co
         return "\n".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
     finally:
         lazy_mlir.init("O1")
+
+
+def train_token_batches(model, shapes, device):
+    """SGD over random token batches of each (batch, length) in ``shapes``:
+    (losses, parameters, per-step metrics on the lazy device)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, snapshots = [], []
+    for b, t in shapes:
+        ids = torch.randint(0, 50, (b, t), generator=torch.Generator().manual_seed(b * 100 + t))
+        if device == LAZY:
+            metrics.reset()
+        loss = model(ids.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == LAZY:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+    with torch.no_grad():  # p.detach() would trace a graph per parameter
+        return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots

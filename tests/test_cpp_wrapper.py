@@ -7,6 +7,7 @@ groups ran generated code (not TorchScript), that this code is the C++
 wrapper's (the dumped module loads it through CppWrapperCodeCache) and
 that every run after a group's first called it from C++.
 """
+import copy
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 import lazy_mlir
 from lazy_mlir import metrics, native_call
 from helpers import (LAZY, assert_compiled, assert_same_training, image_batches, make_adamw, make_convnet,
-                     sgd_momentum, small_gpt, small_gpt_batches, train)
+                     sgd_momentum, small_gpt, small_gpt_batches, train, train_token_batches)
 
 CPU = torch.device("cpu")
 
@@ -345,6 +346,48 @@ def test_code_from_the_cache_without_native_calls_loads_inductors_artefact(tmp_p
     s = out["metrics"]
     assert s["group_cache_misses"] == 0 and s["native_group_calls"] == 0, s
     assert "lazy_mlir.group_lowering" in out["compiler"]
+
+
+class _TokenMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, ids):
+        return torch.relu(self.fc(self.emb(ids))).softmax(-1).pow(2).mean()
+
+
+def test_generic_code_is_native_code_in_the_next_process(tmp_path):
+    """Shape-generic code called from C++ at some sizes keeps its native plan
+    for those sizes in the cache folder (shape_generic.sized_key): the next
+    process runs it from C++ from its first run at them, without loading
+    Inductor's artefact through Python (T5's and BART's attention groups,
+    generic over their encoder and decoder lengths)."""
+    from lazy_mlir import compile_cache, shape_generic
+    torch.manual_seed(0)
+    eager = _TokenMLP().double()
+    shapes = [(2, 8), (2, 8), (2, 12), (2, 12)]
+    want = train_token_batches(copy.deepcopy(eager), shapes, CPU)
+    lazy_mlir.init("O1", cpp_wrapper=True, cache_dir=str(tmp_path))
+    try:
+        shape_generic.clear()
+        lazy_mlir._C.clear_computation_cache()
+        *got, steps = train_token_batches(copy.deepcopy(eager).to(LAZY), shapes, LAZY)
+        assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0], steps
+        assert_same_training(want[:2], got, rtol=1e-12, atol=1e-12)
+        # the next process: nothing in memory, the folder on disk
+        shape_generic.clear()
+        compile_cache.clear_memory()
+        lazy_mlir._C.clear_computation_cache()
+        *got, steps = train_token_batches(copy.deepcopy(eager).to(LAZY), shapes, LAZY)
+        assert_same_training(want[:2], got, rtol=1e-12, atol=1e-12)
+        first = steps[2]  # length 12's first step: served by the stored generic variant
+        assert first["generic_compiles"] == 0 and first["generic_hits"] >= 1, first
+        assert first["generic_native_loads"] == first["generic_hits"], first
+        assert "cache_load" not in first["stage_runs"], first["stage_runs"]  # no artefact loaded through Python
+        assert steps[3]["native_group_calls"] == steps[3]["compiled_group_calls"] >= 1, steps[3]
+    finally:
+        lazy_mlir.init("O1")
 
 
 def test_a_graph_travels_to_the_worker_with_its_constants_exact():

@@ -13,7 +13,7 @@ import lazy_mlir
 from lazy_mlir import compile_cache, metrics, shape_generic
 from lazy_mlir.disk_cache import SUFFIX, decode
 from lazy_mlir.shape_generic import SizeExpr, explain
-from helpers import LAZY, assert_compiled, assert_same_training, train
+from helpers import LAZY, assert_compiled, assert_same_training, train, train_token_batches
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
@@ -122,25 +122,6 @@ class BucketTagger(Tagger):
         return h.reshape(b * t, c).softmax(-1).pow(2).mean()
 
 
-def _train(model, shapes, device):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses, snapshots = [], []
-    for b, t in shapes:
-        ids = torch.randint(0, 50, (b, t), generator=torch.Generator().manual_seed(b * 100 + t))
-        if device == LAZY:
-            metrics.reset()
-        loss = model(ids.to(device))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
-    with torch.no_grad():  # p.detach() would trace a graph per parameter
-        return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots
-
-
 def _twins(cls=Tagger, **kw):
     """fp64 Taggers with the same weights: one on the CPU, one on the lazy device."""
     torch.manual_seed(0)
@@ -152,8 +133,8 @@ def _twins(cls=Tagger, **kw):
 
 def _run_both(shapes, **kw):
     model, lazy_model = _twins(**kw)
-    eager = _train(model, shapes, torch.device("cpu"))
-    lazy = _train(lazy_model, shapes, LAZY)
+    eager = train_token_batches(model, shapes, torch.device("cpu"))
+    lazy = train_token_batches(lazy_model, shapes, LAZY)
     torch.testing.assert_close(lazy[0], eager[0], rtol=1e-12, atol=1e-12)
     for name, p in eager[1].items():
         torch.testing.assert_close(lazy[1][name], p, rtol=1e-12, atol=1e-12, msg=name)

@@ -168,7 +168,14 @@ def store_native(lowered: LoweredGroup, plan: native_call.Plan, cfg: config.Conf
                                   "outputs": plan.outputs, "aliases": plan.aliases, "library": library}))
 
 
-def _native_plan(disk: DiskCache, key: str) -> native_call.Plan | None:
+def generic_native_plan(key: str, cfg: config.Config) -> native_call.Plan | None:
+    """The native plan stored for a shape-generic variant at some sizes
+    (shape_generic.sized_key), or None; counted as "generic_native_load"."""
+    disk = disk_of(cfg)
+    return _native_plan(disk, key, "generic_native_load") if disk is not None else None
+
+
+def _native_plan(disk: DiskCache, key: str, counted: str = "native_load") -> native_call.Plan | None:
     """The stored variant's native plan, its library written out as a file."""
     entry = read_entry(disk, _native_key(key))
     if entry is None:
@@ -176,7 +183,7 @@ def _native_plan(disk: DiskCache, key: str) -> native_call.Plan | None:
     path = disk.library(hashlib.sha256(entry["library"]).hexdigest(), entry["library"])
     if path is None:
         return None
-    metrics.count_cache("native_load")
+    metrics.count_cache(counted)
     return native_call.Plan(path, entry["arguments"], entry["num_results"], entry["outputs"], entry.get("aliases", []))
 
 

@@ -270,6 +270,8 @@ def snapshot() -> dict:
         # shape_generic: sizes served by a generic variant, generic compiles, failed tries
         "generic_hits": group_cache.get("generic_hit", 0),
         "generic_disk_hits": group_cache.get("generic_disk_hit", 0),  # variants read from the cache folder
+        # sizes whose generic code came as native code (shape_generic.sized_key): no Python load
+        "generic_native_loads": group_cache.get("generic_native_load", 0),
         "generic_compiles": group_cache.get("generic_compile", 0),
         "generic_failed": group_cache.get("generic_failed", 0),
         # Adam parameter-group steps traced as one node, and those that were not (why -> count)
@@ -360,7 +362,9 @@ def report() -> str:
                      f"({s['seconds']['worker_codegen']:.1f} s there)")
     if s["generic_hits"] or s["generic_compiles"] or s["generic_failed"]:
         lines.append(f"  shape-generic        {s['generic_hits']} sizes served ({s['generic_disk_hits']} variants "
-                     f"read from disk), {s['generic_compiles']} compiled, {s['generic_failed']} failed (compiled static)")
+                     "read from disk" + (f", {s['generic_native_loads']} sizes as native code"
+                                         if s["generic_native_loads"] else "")
+                     + f"), {s['generic_compiles']} compiled, {s['generic_failed']} failed (compiled static)")
     if s["groups_per_graph"]:
         per = ", ".join(f"{g}: {n}" for g, n in sorted(s["groups_per_graph"].items()))
         lines.append(f"  groups per graph     {per}")

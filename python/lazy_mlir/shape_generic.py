@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import compile_cache, config, group_key, metrics, recompiles, syncs
-from .lowered_group import LoweredGroup, lowering_function
+from .lowered_group import LoadOnFirstCall, LoweredGroup, lowering_function
 from .lowering.size_constants import size_constants
 
 if TYPE_CHECKING:
@@ -279,15 +279,43 @@ def sight(graph: torch._C.Graph, inputs: list[torch.Tensor], cfg: config.Config)
 
 def lookup(sighting: Sighting, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> LoweredGroup | None:
     """A generic variant that serves ``inputs``'s sizes (counted "generic_hit";
-    one read from the cache folder also "generic_disk_hit")."""
+    one read from the cache folder also "generic_disk_hit"). Where its code
+    was called from C++ at these very sizes before (a native plan stored
+    under ``sized_key``), that plan, and the variant is loaded through
+    Python (Inductor's artefact) only for a run C++ does not take."""
     _read_stored(sighting.family, cfg)
     for variant in list(_generic.get(sighting.family, ())):
         if variant.admits(sighting.constants, inputs):
+            sized = sized_key(variant, inputs)
+            native = compile_cache.generic_native_plan(sized, cfg) if sized is not None else None
+            if native is not None:
+                if variant.lowered is None:
+                    metrics.count_cache("generic_disk_hit")
+                metrics.count_cache("generic_hit")
+                return LoweredGroup(LoadOnFirstCall(_python_run(variant, sighting.family, name, cfg)),
+                                    list(variant.guards), native=native, disk_key=sized)
             if variant.lowered is None and not _load(variant, sighting.family, inputs, name, cfg):
                 continue
             metrics.count_cache("generic_hit")
-            return dataclasses.replace(variant.lowered, artifacts=None)
+            # a copy per group and size: the native plan its probe finds is stored for these sizes alone
+            return dataclasses.replace(variant.lowered, artifacts=None, native=None, disk_key=sized)
     return None
+
+
+def sized_key(variant: GenericGroup, inputs: list[torch.Tensor]) -> str | None:
+    """Where a stored variant's native plan for inputs like these is kept
+    (compile_cache.store_native); None for a variant not in the cache folder."""
+    if variant.disk_key is None:
+        return None
+    return hashlib.sha256(f"{variant.disk_key}|{group_key.input_signature(inputs)!r}".encode()).hexdigest()
+
+
+def _python_run(variant: GenericGroup, family: str, name: str, cfg: config.Config):
+    def load(inputs):
+        if variant.lowered is None and not _load(variant, family, inputs, name, cfg):
+            raise RuntimeError(f"the compile cache's shape-generic entry of {name} cannot be loaded")
+        return variant.lowered.run
+    return load
 
 
 # On disk, a family's index entry lists its variants (every GenericGroup
@@ -502,7 +530,7 @@ def compile_generic(graph: torch._C.Graph, inputs: list[torch.Tensor], name: str
         exprs = ", ".join([f"#{k}: {_describe(g)}" for k, g in size_exprs.items()] +
                           [f"in{i}: {e}" for i, e in scalar_exprs.items()])
         print(f"lazy_mlir: {name} compiled shape-generic: symbols {sorted(dynamic)}; sizes {exprs}", file=sys.stderr)
-    return lowered
+    return dataclasses.replace(lowered, disk_key=sized_key(variant, inputs))  # as lookup gives it
 
 
 def give_up(family: str, reason: str = "its generic compile failed before") -> None:
