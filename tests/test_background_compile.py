@@ -13,8 +13,8 @@ import torch
 
 import lazy_mlir
 from lazy_mlir import background, metrics, shape_generic
-from helpers import LAZY, assert_compiled
-from test_shape_generic import _train, _twins
+from helpers import LAZY, assert_compiled, train_token_batches
+from test_shape_generic import _twins
 
 CPU = torch.device("cpu")
 
@@ -45,8 +45,8 @@ def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     eager, lazy = _twins(width=23)
     before = [(2, 8), (2, 8), (2, 12), (2, 12), (2, 16)]  # 12: a second size; 16: a third, while it compiles
     after = [(2, 16), (2, 12), (2, 20), (2, 8)]
-    want = _train(eager, before + after, CPU)  # SGD without momentum: a new optimizer per call is the same
-    got, _, waiting = _train(lazy, before, LAZY)
+    want = train_token_batches(eager, before + after, CPU)  # SGD without momentum: a new optimizer per call is the same
+    got, _, waiting = train_token_batches(lazy, before, LAZY)
     assert calls and len(calls) == 1, calls  # the third size waits for the second's compile
     for s in waiting[:2]:
         assert_compiled(s)
@@ -61,7 +61,7 @@ def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     gate.set()
     assert lazy_mlir.wait_for_compiles(timeout=300)
     assert sys.getswitchinterval() == pytest.approx(switch_interval)
-    more, params, ready = _train(lazy, after, LAZY)
+    more, params, ready = train_token_batches(lazy, after, LAZY)
     for s in ready:  # every size, 8 aside, from the one generic compile
         assert_compiled(s)
         assert s["generic_compiles"] == 0 and s["graph_executions"] == 1
@@ -82,13 +82,13 @@ def test_a_failed_background_compile_compiles_the_static_form(gated, monkeypatch
     monkeypatch.setattr(shape_generic, "lower_group", broken)
     eager, lazy = _twins(width=19)
     shapes = [(2, 8), (2, 8), (2, 12), (2, 12), (2, 16)]
-    want = _train(eager, shapes, CPU)
-    got, _, steps = _train(lazy, shapes[:3], LAZY)
+    want = train_token_batches(eager, shapes, CPU)
+    got, _, steps = train_token_batches(lazy, shapes[:3], LAZY)
     assert steps[2]["interpreted_group_calls"] == 1
     with pytest.warns(RuntimeWarning, match=r"could not be compiled shape-generic \(RuntimeError: injected"):
         gate.set()
         lazy_mlir.wait_for_compiles(timeout=300)
-    more, params, steps = _train(lazy, shapes[3:], LAZY)
+    more, params, steps = train_token_batches(lazy, shapes[3:], LAZY)
     # length 12 compiles static at its next run; 16 too: the family is not tried generic again
     for s in steps:
         assert_compiled(s)
@@ -115,7 +115,7 @@ def test_a_background_compile_leaves_the_training_threads_rng_alone(gated, monke
 
     monkeypatch.setattr(shape_generic, "compile_generic", compile_like_aot_autograd)
     _, lazy = _twins(width=13)
-    _train(lazy, [(2, 8), (2, 8), (2, 12)], LAZY)  # a second length: its generic compile waits at the gate
+    train_token_batches(lazy, [(2, 8), (2, 8), (2, 12)], LAZY)  # a second length: its generic compile waits at the gate
     deadline = time.monotonic() + 120
     while not calls and time.monotonic() < deadline:  # the worker thread reaches it when it is scheduled
         time.sleep(0.01)
