@@ -320,3 +320,29 @@ def test_a_frozen_weight_compiles_no_other_graph(lazy_level):
     assert [s["group_cache_misses"] + s["group_cache_disk_hits"] for s in snaps] == [1, 0, 0], metrics.report()
     assert_same_training(eager, lazy, param_atol=1e-5)
     assert torch.equal(lazy[1]["wpe.weight"], eager[1]["wpe.weight"])
+
+
+class _MaskedLinear(torch.nn.Module):
+    """A frozen bool parameter (a fixed mask), settled with the trainable ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.keep = torch.nn.Parameter(torch.tensor([True, False] * 3), requires_grad=False)
+
+    def forward(self, x, y):
+        return ((self.fc(x) * self.keep - y) ** 2).mean()
+
+
+def test_a_frozen_bool_parameter_is_settled(lazy_level):
+    """Settling updates each parameter in place by one; a bool one (which
+    ``mul_(1)`` cannot write: the result would be long) by True."""
+    torch.manual_seed(0)
+    model = _MaskedLinear()
+    lazy_model = _MaskedLinear()
+    lazy_model.load_state_dict(model.state_dict())
+    batches = [(torch.randn(4, 6), torch.randn(4, 6)) for _ in range(STEPS)]
+    eager = _train_model(model, None, batches=batches)[0]
+    lazy, misses, _ = _train_model(lazy_model.to("lazy"), None, batches=batches)
+    assert misses == [1, 0, 0]
+    assert_same_training(eager, lazy)

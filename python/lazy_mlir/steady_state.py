@@ -117,7 +117,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     try:
         with torch.no_grad():
             for p in params:
-                p.mul_(1)
+                p.mul_(True if p.dtype == torch.bool else 1)  # a bool one (a frozen mask) stays bool
         _setup_sync(params + _C.functional_bases(params) + _lazy_buffers(model))
         _C.share_base_buffers(params)
         _C.own_buffers(params)
