@@ -381,6 +381,8 @@ def test_generic_code_is_native_code_in_the_next_process(tmp_path):
         lazy_mlir._C.clear_computation_cache()
         *got, steps = train_token_batches(copy.deepcopy(eager).to(LAZY), shapes, LAZY)
         assert_same_training(want[:2], got, rtol=1e-12, atol=1e-12)
+        for s in steps:
+            assert_compiled(s)  # generated code, not TorchScript
         first = steps[2]  # length 12's first step: served by the stored generic variant
         assert first["generic_compiles"] == 0 and first["generic_hits"] >= 1, first
         assert first["generic_native_loads"] == first["generic_hits"], first
