@@ -222,6 +222,8 @@ def store_adaptation(key: str, code_key: str, moves: list[tuple[int, tuple]], cf
     TorchScript took the layouts TorchScript gave; a later process, whose
     earlier groups run cached code from the start, gives it the layouts
     that code returns, and finds it here instead of compiling again."""
+    if _adaptations.get(key) == (code_key, list(moves)):
+        return  # known, and on disk (another graph's copy of the group adapted alike)
     _adaptations[key] = (code_key, list(moves))
     _write_record(_adaptation_key(key), "adaptation", (code_key, list(moves)), cfg)
 
