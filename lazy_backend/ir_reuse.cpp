@@ -1,5 +1,6 @@
 #include "ir_reuse.h"
 
+#include "dead_draws.h"
 #include "pending_data.h"
 #include "device_data_pool.h"
 #include "functional_update.h"
@@ -207,15 +208,16 @@ bool stepBoundary(const torch::lazy::BackendDevice& device) {
 }
 
 // The backend's graph executor: LTC's, with IR reuse's clean-up after each
-// mark_step, the live tensors' sync in functional_update's order, and no
-// graph for a tensor whose pending value is device data (pending_data.h),
-// at mark_step as at a read.
+// mark_step, the live tensors' sync in functional_update's order with the
+// step's dead draws (dead_draws.h), and no graph for a tensor whose pending
+// value is device data (pending_data.h), at mark_step as at a read.
 class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
  public:
   void SyncLiveTensorsGraph(const torch::lazy::BackendDevice* device, c10::ArrayRef<std::string> devices,
                             bool wait) override {
     auto tensors = GetLiveTensors(device);  // as LTC's own, but for the order
     orderUpdatedLast(tensors);
+    addDeadDraws(&tensors, device ? *device : torch::lazy::BackendDevice());
     SyncTensorsGraph(&tensors, devices, wait, /*sync_ltc_data=*/true);
   }
 

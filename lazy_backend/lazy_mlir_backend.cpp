@@ -7,6 +7,7 @@
 #include "../runtime/run_stats.h"
 #include "buffer_donation.h"
 #include "compiled_computation.h"
+#include "dead_draws.h"
 #include "device_data_pool.h"
 #include "draw_order.h"
 #include "graph_clusterer.h"
@@ -186,7 +187,9 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
     torch::lazy::ComputationPtr computation, c10::ArrayRef<torch::lazy::BackendDataPtr> arguments,
     const torch::lazy::BackendDevice& device) const {
   auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation);
-  const bool marking = reportExecution(compiled && compiled->drawsRandom());
+  const bool draws = compiled && compiled->drawsRandom();
+  const bool marking = reportExecution(draws);
+  if (draws) forgetDraws();  // what it drew is drawn; a live sync took its dead draws already
   const int64_t start = nowNs();
   DeadBuffers dead;
   if (compiled) {

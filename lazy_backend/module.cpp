@@ -14,6 +14,7 @@
 #include "adam_scalars.h"
 #include "builtin_op_node.h"
 #include "device_data_pool.h"
+#include "dead_draws.h"
 #include "draw_order.h"
 #include "ir_reuse.h"
 #include "functional_update.h"
@@ -163,6 +164,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("internal_prefixes"), py::arg("record_frames"));
   m.def("set_random_ops", &lazy_mlir::setRandomOps,
         "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
+  m.def("keep_dead_draws", &lazy_mlir::keepDeadDraws,
+        "Run random ops whose results nothing uses at the next sync of every live tensor, as eager does "
+        "(dead_draws.h).", py::arg("on"));
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
   m.def("set_device_data_pool", &lazy_mlir::setDeviceDataPool,

@@ -79,3 +79,51 @@ def test_every_kind_of_draw_matches_eager(lazy_level):
     lazy = every_kind_of_draw(LAZY)
     torch.testing.assert_close(lazy, eager, rtol=1e-6, atol=1e-6)
     assert_compiled()
+
+
+def unused_draws(device, n, read_mid_step=False):
+    """A dropout whose output nothing reads between two that are read: eager
+    runs all three, so the third's mask follows the second's numbers. With
+    ``read_mid_step``, the loss is read before the third draw (value_reads.h
+    syncs the whole step then, the unused draw with it)."""
+    torch.manual_seed(5)
+    x = torch.linspace(-1, 1, n).to(device)
+    first = F.dropout(x.exp(), 0.5)
+    unused = F.dropout(first * 3, 0.5)
+    del unused  # as a model's branch that no loss reads
+    second = F.dropout(torch.tanh(first), 0.5)
+    read = (second * 2).sum().item() if read_mid_step else None
+    third = F.dropout(x.sin() + second, 0.5)
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    return third.cpu(), read
+
+
+@pytest.mark.parametrize("read_mid_step", [False, True], ids=["one-sync", "read-mid-step"])
+def test_an_unused_draw_still_draws(lazy_level, read_mid_step):
+    n = 43 + read_mid_step
+    eager = unused_draws(CPU, n, read_mid_step)
+    metrics.reset()
+    lazy = unused_draws(LAZY, n, read_mid_step)
+    s = metrics.snapshot()
+    assert torch.equal(lazy[0] == 0, eager[0] == 0), (lazy, eager)  # the mask
+    # the generated exp, tanh and sin may differ from eager's in the last bit
+    torch.testing.assert_close(lazy[0], eager[0], rtol=1e-6, atol=1e-6)
+    if read_mid_step:
+        assert lazy[1] == pytest.approx(eager[1], rel=1e-6)
+    # drawn once: at the read's sync, not again at mark_step
+    assert s["dead_draws_kept"] == 1, metrics.report()
+    assert s["graph_executions"] == 1 + read_mid_step and s["fallback_count"] == 0, metrics.report()
+    assert_compiled(s, calls=2)
+
+
+def test_fast_rng_keeps_no_unused_draw():
+    """Generated draws follow no eager stream: an unused one is left out."""
+    lazy_mlir.init("O0", fast_rng=True)
+    try:
+        metrics.reset()
+        unused_draws(LAZY, 45)
+        s = metrics.snapshot()
+    finally:
+        lazy_mlir.init("O1")
+    assert s["dead_draws_kept"] == 0 and s["graph_executions"] == 1, metrics.report()

@@ -55,6 +55,8 @@ def init(level: str = "O1", **options) -> config.Config:
     # all of them, fast_rng or not: a value read mid-step that depends on a
     # draw syncs the whole step (value_reads.h), or the step would draw again
     _C.set_random_ops(sorted(compilable.RANDOM_OPS))
+    # unused draws run too, as in eager; fast_rng's draws follow no eager stream
+    _C.keep_dead_draws(not cfg.fast_rng)
     _C.set_ltc_ir_debug(True)  # LTC calls the frame function only in IR-debug mode
     lazy_kernels.install()
     module_ties.install()

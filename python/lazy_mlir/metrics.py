@@ -292,6 +292,8 @@ def snapshot() -> dict:
         "step_memory_hits": stats["step_memory_hits"],
         "step_memory_misses": stats["step_memory_misses"],
         "step_memory_evicted": stats["step_memory_evicted"],
+        # random ops whose results nothing read, run at the sync as eager runs them (dead_draws.h)
+        "dead_draws_kept": stats["dead_draws_kept"],
         "stage_runs": stage_runs,
         "recompiles": recompiles,
         "seconds": {
@@ -379,6 +381,8 @@ def report() -> str:
                      f"{s['capture_refused']} run op by op")
         for module, why in s["capture_refusals"].items():
             lines.append(f"    {module}: {why}")
+    if s["dead_draws_kept"]:
+        lines.append(f"  unused draws         {s['dead_draws_kept']} random ops nothing read, run as eager runs them")
     if s["cuda_graphs_captured"] or s["cuda_graph_refusals"]:
         lines.append(f"  CUDA graphs          {s['cuda_graphs_captured']} captured, "
                      f"{s['cuda_graph_replays']} replays")
