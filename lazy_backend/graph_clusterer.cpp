@@ -3,7 +3,9 @@
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
 #include "draw_order.h"
+#include "layer_regions.h"
 
+#include <map>
 #include <queue>
 #include <unordered_set>
 
@@ -163,26 +165,95 @@ std::vector<Node*> GraphClusterer::predecessors(Node* n) const {
   return result;
 }
 
-void GraphClusterer::assignGroups() {
+// Each node's layer region (layer_regions.h). The lowering tags the node
+// giving each LTC value; the helpers lowered with it (its constants, lists,
+// the op under a multi-output node's ListUnpack) take their readers'
+// lowest region, and no node sits below a producer's region, so that no path
+// leaves a region and comes back. The tags are removed: a group's code must
+// not depend on which layer it serves.
+std::unordered_map<Node*, int64_t> GraphClusterer::takeRegions() {
+  static const auto tag = c10::Symbol::attr(kRegionAttribute);
+  std::unordered_map<Node*, int64_t> region;
+  for (auto it = graph_->nodes().rbegin(); it != graph_->nodes().rend(); ++it) {
+    Node* n = *it;
+    if (n->hasAttribute(tag)) {
+      region[n] = n->i(tag);
+      n->removeAttribute(tag);
+      continue;
+    }
+    int64_t r = INT64_MAX;
+    for (Value* v : n->outputs()) {
+      for (const torch::jit::Use& u : v->uses()) {
+        auto found = region.find(u.user);
+        if (found != region.end() && found->second >= 0) r = std::min(r, found->second);
+      }
+    }
+    region[n] = r == INT64_MAX ? -1 : r;
+  }
+  for (Node* n : graph_->nodes()) {
+    for (Node* p : predecessors(n)) region[n] = std::max(region[n], region[p]);
+  }
+  mergeRegionsAcrossScalars(region);
+  return region;
+}
+
+// A value that is not a tensor (a size, a scalar) cannot cross a group's
+// boundary: where a compilable node's such result is read in another
+// region, the regions from its producer's to its reader's become one. The
+// renumbering is monotone, so producers stay at or below their readers.
+// Plumbing counts in its reader's region (it joins that group).
+void GraphClusterer::mergeRegionsAcrossScalars(std::unordered_map<Node*, int64_t>& region) const {
+  std::unordered_map<Node*, int64_t> joined;  // the region whose group a node joins
+  for (auto it = graph_->nodes().rbegin(); it != graph_->nodes().rend(); ++it) {
+    Node* n = *it;
+    const bool follows = class_.at(n) == NodeClass::kPlumbing && n->outputs().size() == 1 && n->output()->hasUses();
+    joined[n] = follows && joined.count(n->output()->uses()[0].user) ? joined[n->output()->uses()[0].user] : region[n];
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (Node* n : graph_->nodes()) {
+    if (class_.at(n) == NodeClass::kNotCompilable) continue;
+    for (Value* v : n->inputs()) {
+      Node* p = v->node();
+      if (isTensor(v) || p->kind() == prim::Param || class_.at(p) == NodeClass::kNotCompilable) continue;
+      if (joined[p] != joined[n]) spans.emplace_back(std::min(joined[p], joined[n]), std::max(joined[p], joined[n]));
+    }
+  }
+  if (spans.empty()) return;
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& span : spans) {
+    if (!merged.empty() && span.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, span.second);
+    } else {
+      merged.push_back(span);
+    }
+  }
+  for (auto& [node, r] : region) {
+    auto after = std::upper_bound(merged.begin(), merged.end(), std::make_pair(r, INT64_MAX));
+    if (after != merged.begin() && std::prev(after)->second >= r) r = std::prev(after)->first;
+  }
+}
+
+void GraphClusterer::assignGroups(bool by_layer) {
+  std::unordered_map<Node*, int64_t> region = takeRegions();
   // Barrier depth of every node, in topological (graph) order.
   std::unordered_map<Node*, int> depth;
-  int max_depth = 0;
   for (Node* n : graph_->nodes()) {
     int d = 0;
     for (Node* p : predecessors(n)) {
       d = std::max(d, depth[p] + (class_[p] == NodeClass::kNotCompilable ? 1 : 0));
     }
     depth[n] = d;
-    max_depth = std::max(max_depth, d);
   }
-  // Compute nodes join the group of their depth; plumbing (one use each after
-  // splitting) joins its consumer's group, resolved from the end backwards.
-  std::vector<int> group_of_depth(max_depth + 1, -1);
+  // Compute nodes join the group of their depth (and layer region);
+  // plumbing (one use each after splitting) joins its consumer's group,
+  // resolved from the end backwards.
+  std::map<std::pair<int, int64_t>, int> group_of;
   for (Node* n : graph_->nodes()) {
     if (class_[n] != NodeClass::kCompute) continue;
-    int& g = group_of_depth[depth[n]];
-    if (g < 0) g = num_groups_++;
-    group_[n] = g;
+    auto [it, added] = group_of.try_emplace({depth[n], by_layer ? region[n] : -1}, num_groups_);
+    if (added) ++num_groups_;
+    group_[n] = it->second;
   }
   for (auto it = graph_->nodes().rbegin(); it != graph_->nodes().rend(); ++it) {
     Node* n = *it;
@@ -273,7 +344,7 @@ std::vector<Node*> GraphClusterer::run() {
   forwardCopiesOfInputs();
   classifyNodes();
   keepSmallRootsInGlue();
-  assignGroups();
+  assignGroups(/*by_layer=*/!whole_graph_);
   if (num_groups_ == 0) return {};
   orderNodesByGroup();
   return buildGroups();
@@ -289,6 +360,7 @@ std::vector<Node*> GraphClusterer::runWholeGraph() {
                   "to run such ops in TorchScript, or lazy_mlir.compilable.allow() the op.");
     }
   }
+  whole_graph_ = true;  // one group, whatever the layers
   return run();  // with no barrier, every compute node has depth 0: one group
 }
 

@@ -11,6 +11,8 @@
 // groups can never form a cycle, and each group is as large as it can be.
 // Random draws left in the graph keep their order (draw_order.h): each counts
 // as an input of the next, for the depth and for the order of the nodes.
+// Where a model's layers are marked (layer_regions.h), O1 groups only nodes
+// of one layer region too.
 //
 // Small roots computed only from graph inputs and other roots (a loss summed
 // across steps, `running_loss += loss.detach()` before or after mark_step,
@@ -67,7 +69,9 @@ class GraphClusterer {
   void classifyNodes();
   void keepSmallRootsInGlue();
   std::vector<torch::jit::Node*> predecessors(torch::jit::Node* n) const;
-  void assignGroups();
+  std::unordered_map<torch::jit::Node*, int64_t> takeRegions();
+  void mergeRegionsAcrossScalars(std::unordered_map<torch::jit::Node*, int64_t>& region) const;
+  void assignGroups(bool by_layer);
   void orderNodesByGroup();
   std::vector<torch::jit::Node*> buildGroups();
 
@@ -78,6 +82,7 @@ class GraphClusterer {
   std::unordered_map<torch::jit::Node*, torch::jit::Node*> previous_draw_;
   std::unordered_set<torch::jit::Node*> input_copies_;  // returned copies of graph inputs: glue
   int num_groups_ = 0;
+  bool whole_graph_ = false;
 };
 
 }  // namespace lazy_mlir

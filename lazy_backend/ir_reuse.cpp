@@ -4,6 +4,7 @@
 #include "pending_data.h"
 #include "device_data_pool.h"
 #include "functional_update.h"
+#include "layer_regions.h"
 
 #include "../runtime/run_stats.h"
 #include "source_locations.h"
@@ -224,6 +225,7 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
   void MarkStep(const torch::lazy::BackendDevice& device) override {
     torch::lazy::LazyGraphExecutor::MarkStep(device);  // also resets the trie's cursor
     g_device_data_ordinal = 0;
+    clearLayerBoundaries();
     devicePoolStepBoundary();
     if (!FLAGS_torch_lazy_reuse_ir || !stepBoundary(device)) return;
     // Walk the trie only after a step that added to it (a fork): otherwise

@@ -11,6 +11,7 @@
 #include "device_data_pool.h"
 #include "draw_order.h"
 #include "graph_clusterer.h"
+#include "layer_regions.h"
 #include "group_binder.h"
 #include "parameter_binding.h"
 #include "python_hooks.h"
@@ -158,9 +159,11 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
   // its op was traced at (the TS lowering names the Python frame current at
   // lowering, mark_step's, on every node). Nodes whose results are small
   // get kSmallResultAttribute: TorchScript graphs carry no sizes, and the
-  // clusterer keeps small roots in the glue (graph_clusterer.h).
+  // clusterer keeps small roots in the glue (graph_clusterer.h). Nodes of a
+  // marked layer get its region (layer_regions.h).
   static const auto source = c10::Symbol::attr("source");
   static const auto small = c10::Symbol::attr(kSmallResultAttribute);
+  static const auto layer_region = c10::Symbol::attr(kRegionAttribute);
   LoweredOutputs& outputs = LoweredOutputs::current();
   outputs.reset(ts_context->graph().get(), original_order.size());
   for (size_t position = 0; position < original_order.size(); ++position) {
@@ -168,11 +171,13 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
     const torch::lazy::SourceLocation* frame = userFrame(node);
     const std::string where =
         frame ? frame->file + " " + frame->function + " " + std::to_string(frame->line) : std::string();
+    const int64_t region = layerRegion(node);
     for (size_t i = 0; i < node->num_outputs(); ++i) {
       torch::jit::Value* value = ts_context->GetOutputOp(torch::lazy::Output(node, i));
       outputs.add(value, node, static_cast<uint32_t>(position), static_cast<uint32_t>(i));
       torch::jit::Node* lowered = value->node();
       if (frame && lowered->hasAttribute(source)) lowered->s_(source, where);
+      if (region >= 0 && lowered->kind() != torch::jit::prim::Param) lowered->i_(layer_region, region);
       // (some nodes, ZeRO's collectives among them, carry no shapes)
       if (lowered->kind() != torch::jit::prim::Param && lowered->outputs().size() == 1 &&
           i < node->shapes().size() && node->shape(i).numel() <= kSmallResultElements) {

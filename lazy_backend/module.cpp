@@ -16,6 +16,7 @@
 #include "device_data_pool.h"
 #include "dead_draws.h"
 #include "draw_order.h"
+#include "layer_regions.h"
 #include "ir_reuse.h"
 #include "functional_update.h"
 #include "graph_clusterer.h"
@@ -164,6 +165,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("internal_prefixes"), py::arg("record_frames"));
   m.def("set_random_ops", &lazy_mlir::setRandomOps,
         "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
+  m.def("mark_layer_boundary", &lazy_mlir::markLayerBoundary,
+        "A layer of the model starts or ends here: no fusion group spans it (layer_regions.h).");
   m.def("keep_dead_draws", &lazy_mlir::keepDeadDraws,
         "Run random ops whose results nothing uses at the next sync of every live tensor, as eager does "
         "(dead_draws.h).", py::arg("on"));

@@ -103,7 +103,7 @@ class Config:
     # gradients and bmm on its matmul primitive (codegen/onednn_linear).
     # "auto": each product where oneDNN is measured faster on this machine;
     # "on": every one; "off": none (LAZY_MLIR_ONEDNN_LINEAR=auto, 1 or 0).
-    onednn_linear: str = dataclasses.field(default_factory=lambda: _onednn_choice(
+    onednn_linear: str = dataclasses.field(default_factory=lambda: _on_off_auto(
         os.environ.get("LAZY_MLIR_ONEDNN_LINEAR", "auto")))
     # On a GPU, replay a group's generated code as one CUDA graph from its
     # second run on (lazy_mlir.cuda_graphs): one launch instead of one per
@@ -125,6 +125,11 @@ class Config:
     # and its masks are as random but not eager's. Reproducible under
     # torch.manual_seed. Off by default; LAZY_MLIR_FAST_RNG=1 turns it on.
     fast_rng: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FAST_RNG", False))
+    # A fusion group per repeated layer (lazy_mlir.layer_groups): "auto" for
+    # models that skip layers at random (LayerDrop), "on" for every model,
+    # "off" for none (LAZY_MLIR_LAYER_GROUPS=auto, 1 or 0).
+    layer_groups: str = dataclasses.field(default_factory=lambda: _on_off_auto(
+        os.environ.get("LAZY_MLIR_LAYER_GROUPS", "auto")))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile
@@ -135,7 +140,7 @@ class Config:
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
                    "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs",
-                   "step_memory")
+                   "step_memory", "layer_groups")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
@@ -165,6 +170,8 @@ class Config:
                                "installs the CUDA build of torch there)")
         if self.onednn_linear not in ONEDNN_CHOICES:
             raise ValueError(f"lazy_mlir: onednn_linear must be one of {ONEDNN_CHOICES}, got {self.onednn_linear!r}")
+        if self.layer_groups not in LAYER_GROUP_CHOICES:
+            raise ValueError(f"lazy_mlir: layer_groups must be one of {LAYER_GROUP_CHOICES}, got {self.layer_groups!r}")
         if self.dynamic not in ("auto", "static"):
             raise ValueError(f"lazy_mlir: dynamic must be 'auto' or 'static', got {self.dynamic!r}")
         if self.codegen not in CODEGENS:
@@ -183,10 +190,10 @@ class Config:
         return topic in {t.strip() for t in self.log.split(",")}
 
 
-ONEDNN_CHOICES = ("auto", "on", "off")
+ONEDNN_CHOICES = LAYER_GROUP_CHOICES = ("auto", "on", "off")
 
 
-def _onednn_choice(value: str) -> str:
+def _on_off_auto(value: str) -> str:
     value = value.strip().lower()
     return {"": "auto", "1": "on", "true": "on", "0": "off", "false": "off", "no": "off"}.get(value, value)
 

@@ -52,7 +52,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _C, config, metrics
+from . import _C, config, layer_groups, metrics
 from .lowering.fused_optimizer import ADAM_STEP, ADAM_STEP_SCHEMA, SGD_STEP, SGD_STEP_SCHEMA, adam_update, sgd_update
 
 _active = threading.local()  # .optimizer: the Adam or SGD stepping now, if it is fused
@@ -125,9 +125,11 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
         why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, beta1, beta2,
                          lr)
         if why is None:
-            _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps,
-                             amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
-                             maximize=maximize, decoupled=decoupled_weight_decay)
+            lists = params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps
+            for chunk in _by_layer(params, lists):
+                _fused_adam_step(*chunk, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
+                                 weight_decay=weight_decay, eps=eps, maximize=maximize,
+                                 decoupled=decoupled_weight_decay)
             metrics.count_optimizer_group(None)
             return
         metrics.count_optimizer_group(why)
@@ -136,6 +138,23 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
                    found_inf=found_inf, has_complex=has_complex, decoupled_weight_decay=decoupled_weight_decay,
                    amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
                    maximize=maximize)
+
+
+def _by_layer(params, lists, with_indices=False):
+    """``lists`` (each indexed like ``params``, or empty) cut into one piece
+    per marked layer (lazy_mlir.layer_groups), a boundary marked before
+    each: a layer's update is then a group of its own, the same code for
+    every layer, and a layer skipped by LayerDrop (no gradient, so not in
+    ``params``) changes no other layer's group. One piece when no
+    parameter is in a marked layer."""
+    pieces = layer_groups.pieces(params)
+    if len(pieces) == 1:
+        yield (pieces[0], lists) if with_indices else lists
+        return
+    for indices in pieces:
+        _C.mark_layer_boundary()
+        chunk = tuple([values[i] for i in indices] if values else values for values in lists)
+        yield (indices, chunk) if with_indices else chunk
 
 
 def _fusing(params) -> bool:
@@ -153,9 +172,11 @@ def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=
         why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum,
                              lr, weight_decay)
         if why is None:
-            _fused_sgd_step(params, d_p_list, momentum_buffer_list, weight_decay=float(weight_decay),
-                            momentum=float(momentum), lr=lr, dampening=float(dampening), nesterov=bool(nesterov),
-                            maximize=bool(maximize))
+            for indices, chunk in _by_layer(params, (params, d_p_list, momentum_buffer_list), with_indices=True):
+                _fused_sgd_step(*chunk, weight_decay=float(weight_decay), momentum=float(momentum), lr=lr,
+                                dampening=float(dampening), nesterov=bool(nesterov), maximize=bool(maximize))
+                for i, buffer in zip(indices, chunk[2]):  # its first step makes the buffers
+                    momentum_buffer_list[i] = buffer
             metrics.count_optimizer_group(None)
             return
         metrics.count_optimizer_group(why)

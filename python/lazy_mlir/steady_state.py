@@ -35,7 +35,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _C, config, metrics, syncs
+from . import _C, config, layer_groups, metrics, syncs
 
 settling = False  # a setup graph is being synced: group_compiler compiles nothing
 _settled: weakref.WeakSet = weakref.WeakSet()       # modules decided on (their parameters settled, or none to settle)
@@ -111,6 +111,7 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     parameter reads its alias's buffer, as after a step (where one output
     feeds both): the first step's group inputs then alias alike."""
     _decided(model)
+    layer_groups.attach(model)
     # IR reuse: the setup graph is traced inside the first step (from its
     # first forward), and must not change how the step traces (ir_reuse.h)
     _C.pause_ir_reuse(True)

@@ -1,0 +1,119 @@
+"""A fusion group per repeated layer (lazy_backend/layer_regions.h).
+
+A model's repeated layers are the blocks of a ``ModuleList`` of one class
+(a transformer's layers, a CNN stage's blocks). Hooks mark a boundary in
+the trace where each block's forward starts and ends, and where the
+gradients of its input and of its output are computed (its backward starts
+and ends there); the clusterer then puts no two blocks' ops in one group.
+Every block's groups are then the same code: compiled once, they serve
+each block, and a model that skips blocks at random (LayerDrop) compiles no
+group again for a new skip pattern. A fused optimizer step
+(fused_optimizer) is cut the same way, one update per block: a skipped
+block has no gradient, and its absence changes no other block's update.
+
+``Config.layer_groups``: "auto" (the default) marks the layers of models
+that skip them at random (a Hugging Face config with a ``*layerdrop`` above
+0), "on" those of every model, "off" none.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import weakref
+
+import torch
+
+from . import _C, config
+
+_marked: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_block_of: dict[int, tuple[weakref.ref, int]] = {}  # id(parameter) -> (the parameter, its marked block's number)
+_block_numbers = itertools.count()
+
+
+def attach(model: torch.nn.Module) -> int:
+    """Marks the boundaries of ``model``'s repeated layers as
+    ``Config.layer_groups`` says; returns how many layers were marked."""
+    choice = config.current.layer_groups
+    if choice == "off" or (choice == "auto" and not skips_layers(model)):
+        return 0
+    count = 0
+    for layers in repeated_layers(model):
+        for layer in layers:
+            if layer in _marked:
+                continue
+            layer.register_forward_pre_hook(_layer_starts, with_kwargs=True)
+            layer.register_forward_hook(_layer_ends, with_kwargs=True)
+            _marked.add(layer)
+            number = next(_block_numbers)
+            for p in layer.parameters():
+                _block_of[id(p)] = weakref.ref(p), number
+            count += 1
+    if count and choice == "auto" and config.current.progress:
+        print(f"lazy_mlir: {type(model).__name__} skips layers at random (LayerDrop): a fusion group per layer "
+              f"of its {count} repeated layers (Config.layer_groups)", file=sys.stderr)
+    return count
+
+
+def pieces(params: list[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``params`` cut where the marked layer a parameter
+    belongs to changes (fused_optimizer's update per layer): runs of one
+    block's parameters, and of parameters in none."""
+    if not _block_of:
+        return [list(range(len(params)))]
+    result: list[list[int]] = []
+    last = None
+    for i, p in enumerate(params):
+        entry = _block_of.get(id(p))
+        block = entry[1] if entry is not None and entry[0]() is p else None
+        if not result or block != last:
+            result.append([])
+        result[-1].append(i)
+        last = block
+    return result or [[]]
+
+
+def repeated_layers(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    """The ModuleLists of ``model`` holding two or more blocks of one class."""
+    return [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1
+            and len({type(block) for block in m}) == 1]
+
+
+def skips_layers(model: torch.nn.Module) -> bool:
+    """Whether ``model`` drops layers at random: a Hugging Face config's
+    ``layerdrop``, ``encoder_layerdrop`` or ``decoder_layerdrop`` above 0."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return False
+    return any(name.endswith("layerdrop") and isinstance(value, (int, float)) and value > 0
+               for name, value in vars(cfg).items())
+
+
+def _first_tensor(value) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    if isinstance(value, dict):  # a ModelOutput
+        return next((v for v in value.values() if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+def _mark(tensor: torch.Tensor | None) -> None:
+    """A boundary now, and another when ``tensor``'s gradient is computed."""
+    if tensor is None or tensor.device.type != "lazy":
+        return
+    _C.mark_layer_boundary()
+    if tensor.requires_grad and torch.is_grad_enabled():
+        tensor.register_hook(_gradient_computed)
+
+
+def _gradient_computed(grad: torch.Tensor) -> None:
+    _C.mark_layer_boundary()
+
+
+def _layer_starts(module: torch.nn.Module, args, kwargs) -> None:
+    _mark(_first_tensor(args) if args else _first_tensor(kwargs))
+
+
+def _layer_ends(module: torch.nn.Module, args, kwargs, output) -> None:
+    _mark(_first_tensor(output))
