@@ -36,6 +36,19 @@ def train(make_model, make_opt, batches, device, loss_fn=None, after_step=None):
     return torch.tensor(losses), params
 
 
+def hf_step(model, opt, device, **inputs) -> float:
+    """One user step of a Hugging Face model, its loss computed from
+    ``labels`` in ``inputs``: backward, optimizer step, mark_step on the lazy
+    device; returns the loss read."""
+    loss = model(**inputs).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    return loss.item()
+
+
 def assert_same_training(eager, lazy, rtol=1e-5, atol=1e-6, param_atol=None):
     (eager_losses, eager_params), (lazy_losses, lazy_params) = eager, lazy
     torch.testing.assert_close(lazy_losses, eager_losses, rtol=rtol, atol=atol)

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import lazy_mlir
 from lazy_mlir import layer_groups, metrics
-from helpers import CPU, LAZY, assert_compiled, assert_same_training
+from helpers import CPU, LAZY, assert_compiled, assert_same_training, hf_step, train
 
 
 class Block(nn.Module):
@@ -58,7 +58,6 @@ def _batches(steps):
 
 
 def _train(device, steps, **model_args):
-    from helpers import train
     torch.manual_seed(11)  # the skip patterns
     return train(lambda: LayerDropNet(**model_args).double(), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
                  _batches(steps), device)
@@ -79,7 +78,6 @@ def test_a_new_skip_pattern_compiles_no_group(layers_marked):
     steps = 10
     eager = _train(CPU, steps)
     models, snapshots = [], []
-    from helpers import train
 
     def make():
         models.append(LayerDropNet().double())
@@ -152,14 +150,9 @@ def _train_m2m100(device, steps, patterns=None):
     torch.manual_seed(SKIP_SEED)
     losses, snapshots = [], []
     for _ in range(steps):
-        loss = model(input_ids=src, labels=tgt).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        losses.append(hf_step(model, opt, device, input_ids=src, labels=tgt))
         if device.type == "lazy":
-            torch._lazy.mark_step()
             snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
         if patterns is not None:
             patterns.append(tuple(ran))
             ran.clear()

@@ -270,6 +270,7 @@ def _train_canine(device: torch.device, seed: int, steps: int = 2):
     character encoder's output feeds no loss, yet eager runs its dropouts.
     fp32: Canine's attention masks give NaN in fp64."""
     from transformers import CanineConfig, CanineForSequenceClassification
+    from helpers import hf_step
 
     config = CanineConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                           num_labels=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
@@ -280,15 +281,7 @@ def _train_canine(device: torch.device, seed: int, steps: int = 2):
     ids = torch.randint(0, 2000, (2, 32), generator=torch.Generator().manual_seed(1)).to(device)
     labels = torch.tensor([0, 2]).to(device)
     torch.manual_seed(seed)  # the masks
-    losses = []
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device.type == "lazy":
-            torch._lazy.mark_step()
-        losses.append(loss.item())
+    losses = [hf_step(model, opt, device, input_ids=ids, labels=labels) for _ in range(steps)]
     return losses, {n: p.detach().cpu() for n, p in model.named_parameters()}
 
 
