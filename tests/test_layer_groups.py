@@ -36,7 +36,6 @@ class LayerDropNet(nn.Module):
         self.layers = nn.ModuleList(Block(width) for _ in range(depth))
         self.head = nn.Linear(width, 3)
         self.layerdrop = layerdrop
-
         self.patterns = []  # the layers each forward ran
 
     def forward(self, x, y):
@@ -57,10 +56,18 @@ def _batches(steps):
             for _ in range(steps)]
 
 
-def _train(device, steps, **model_args):
+def _train(device, steps, after_step=None, **model_args):
+    """(losses, parameters) as helpers.train gives them, and the model."""
+    models = []
+
+    def make():
+        models.append(LayerDropNet(**model_args).double())
+        return models[-1]
+
     torch.manual_seed(11)  # the skip patterns
-    return train(lambda: LayerDropNet(**model_args).double(), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
-                 _batches(steps), device)
+    result = train(make, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), _batches(steps), device,
+                   after_step=after_step)
+    return result, models[0]
 
 
 @pytest.fixture
@@ -76,18 +83,11 @@ def test_a_new_skip_pattern_compiles_no_group(layers_marked):
     other code), a new skip pattern is a new step graph whose groups are all
     compiled already."""
     steps = 10
-    eager = _train(CPU, steps)
-    models, snapshots = [], []
-
-    def make():
-        models.append(LayerDropNet().double())
-        return models[-1]
-
-    torch.manual_seed(11)
-    lazy = train(make, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), _batches(steps), LAZY,
-                 after_step=lambda i: snapshots.append(metrics.snapshot()))
+    eager, _ = _train(CPU, steps)
+    snapshots = []
+    lazy, model = _train(LAZY, steps, after_step=lambda i: snapshots.append(metrics.snapshot()))
     assert_same_training(eager, lazy, rtol=1e-9, atol=1e-10)
-    patterns = models[0].patterns
+    patterns = model.patterns
     seen, all_ran = set(), None
     for i, pattern in enumerate(patterns):
         seen.update(pattern)
