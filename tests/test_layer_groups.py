@@ -5,6 +5,8 @@ at each skip pattern. With a group per layer, each new pattern's groups are
 the ones already compiled: the step lowers and clusters again (a graph
 compile) but generates no code.
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -176,3 +178,45 @@ def test_hf_layerdrop_compiles_its_layers_once(lazy_level):
     assert last["compiles"] > first["compiles"], (patterns, metrics.report())
     assert last["group_cache_misses"] == first["group_cache_misses"], (patterns, metrics.report())
     assert_compiled(last)
+
+
+def _m2m100_config(**changes):
+    from transformers import M2M100Config
+    return M2M100Config(**{**dict(vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                  decoder_ffn_dim=32, max_position_embeddings=32, encoder_layerdrop=0.5,
+                                  decoder_layerdrop=0.5, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                                  pad_token_id=1, decoder_start_token_id=2), **changes})
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_layerdrop_with_dropout_warns_that_masks_differ_from_eager(lazy_level, dropout):
+    """LayerDrop's host draws fall between eager's dropout masks; the lazy
+    step draws them after: the first lazy forward says so, and only when
+    the model has dropout."""
+    from transformers import M2M100ForConditionalGeneration
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(_m2m100_config(dropout=dropout)).to(LAZY)
+    ids = torch.randint(3, 64, (2, 8)).to(LAZY)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(input_ids=ids, labels=ids)  # the first forward marks the layers; nothing executes
+    differ = [w for w in caught if "differ from eager's" in str(w.message)]
+    assert len(differ) == (1 if dropout else 0), [str(w.message) for w in caught]
+    if dropout:
+        assert "M2M100ForConditionalGeneration" in str(differ[0].message)
+
+
+def test_a_deep_model_left_whole_hints_at_layer_groups_once(lazy_level, capfd):
+    """"auto" leaves a model that keeps its layers whole; the first compile
+    of one with DEEP_LAYERS or more says how to compile one layer for all
+    of them, once per process."""
+    layer_groups._hinted = False
+    steps = 2
+    _train(LAZY, steps, depth=layer_groups.DEEP_LAYERS, layerdrop=0.0, width=4)
+    err = capfd.readouterr().err
+    assert err.count("layer_groups='on'") == 1, err
+    assert f"its {layer_groups.DEEP_LAYERS} repeated layers" in err
+    assert layer_groups.compile_hint() == ""  # said once
+    s = metrics.snapshot()
+    assert set(s["groups_per_graph"].values()) == {1}, metrics.report()  # the layers left in one group

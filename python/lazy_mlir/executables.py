@@ -18,8 +18,8 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile, metrics,
-               native_call, parallel_compile, recompiles, shape_generic, syncs)
+from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile,
+               layer_groups, metrics, native_call, parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
 from .lowering.errors import NoSymbolicShapes
 
@@ -565,6 +565,9 @@ class GroupExecutable:
         start = time.perf_counter()
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
+            hint = layer_groups.compile_hint()
+            if hint:
+                print(hint, file=sys.stderr, flush=True)
         try:
             with background.compile_lock:  # after any compile running in the background
                 planned = sighting and shape_generic.plan(sighting, inputs)

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from . import background, config
+from . import background, config, layer_groups
 
 # A worker takes ~8 s to import torch and Inductor: it is started only when
 # the groups but the largest hold at least this many ops (GPT-2's smallest
@@ -206,6 +206,9 @@ def _compile_all(graph_name: str, jobs: list) -> None:
             print(f"lazy_mlir: compiling {len(todo)} groups of {graph_name} "
                   f"({sum(j.num_ops for j in todo)} ops) in {1 + len(workers)} processes ...",
                   file=sys.stderr, flush=True)
+            hint = layer_groups.compile_hint()
+            if hint:
+                print(hint, file=sys.stderr, flush=True)
         _generate(todo, workers)
         for job in leaders + [job for job in jobs if job.leader is not None]:  # followers read the cache
             job.finish()

@@ -44,7 +44,9 @@ class Size:
 
 
 SIZES = {"tiny": Size(layers=1, hidden=32, heads=2, ffn=64, vocab=VOCAB, batch=BATCH, patch=4, cnn_width=1),
-         "base": Size(layers=4, hidden=256, heads=4, ffn=1024, vocab=1024, batch=8, patch=8, cnn_width=8)}
+         "base": Size(layers=4, hidden=256, heads=4, ffn=1024, vocab=1024, batch=8, patch=8, cnn_width=8),
+         # as deep as BERT-base, narrow (benchmarks/layer_groups.py: a deep model's cold compile)
+         "deep": Size(layers=12, hidden=128, heads=4, ffn=512, vocab=1024, batch=4, patch=8, cnn_width=4)}
 
 
 @dataclass(frozen=True)
