@@ -205,6 +205,7 @@ def test_layerdrop_with_dropout_warns_that_masks_differ_from_eager(lazy_level, d
     assert len(differ) == (1 if dropout else 0), [str(w.message) for w in caught]
     if dropout:
         assert "M2M100ForConditionalGeneration" in str(differ[0].message)
+        assert differ[0].filename == __file__  # the user's forward call, not lazy_mlir's hook
 
 
 def test_a_deep_model_left_whole_hints_at_layer_groups_once(lazy_level, capfd, monkeypatch):

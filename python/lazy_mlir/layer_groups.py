@@ -21,6 +21,7 @@ whole, and the first compile of a deep one says how to turn it on.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import warnings
 import weakref
@@ -94,7 +95,17 @@ def _warn_if_masks_differ_from_eager(model: torch.nn.Module) -> None:
     warnings.warn(f"lazy_mlir: {type(model).__name__} skips layers at random (LayerDrop) on the host's generator "
                   "and has dropout: its dropout masks are drawn after the step's skip decisions, not between "
                   "them as in eager PyTorch, so they differ from eager's (equally random). To compare against "
-                  "eager, set the layerdrop or the dropout to 0.", stacklevel=2)
+                  "eager, set the layerdrop or the dropout to 0.", stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel, called here, for the first frame outside
+    lazy_mlir and torch: the user's call of the model (marked in a hook)."""
+    ours = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:
