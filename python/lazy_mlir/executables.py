@@ -565,9 +565,7 @@ class GroupExecutable:
         start = time.perf_counter()
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
-            hint = layer_groups.compile_hint()
-            if hint:
-                print(hint, file=sys.stderr, flush=True)
+            layer_groups.print_compile_hint()
         try:
             with background.compile_lock:  # after any compile running in the background
                 planned = sighting and shape_generic.plan(sighting, inputs)

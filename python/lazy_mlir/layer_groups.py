@@ -21,14 +21,13 @@ whole, and the first compile of a deep one says how to turn it on.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import warnings
 import weakref
 
 import torch
 
-from . import _C, config
+from . import _C, config, syncs
 
 _marked: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _block_of: dict[int, tuple[weakref.ref, int]] = {}  # id(parameter) -> (the parameter, its marked block's number)
@@ -65,23 +64,23 @@ def attach(model: torch.nn.Module) -> int:
     return count
 
 
-# Deep models that keep their layers: a hint at the first compile (compile_hint).
+# Deep models that keep their layers: a hint at the first compile (print_compile_hint).
 DEEP_LAYERS = 8
 _deep_unmarked = 0  # the most repeated layers of a model left unmarked
 _hinted = False
 
 
-def compile_hint() -> str:
-    """Once per process, when a model with DEEP_LAYERS or more repeated
-    layers was left whole: how a group per layer would shorten its cold
-    compile (printed with the first compile's progress); else ""."""
+def print_compile_hint() -> None:
+    """Once per process, at a compile's progress line, when a model with
+    DEEP_LAYERS or more repeated layers was left whole: how a group per
+    layer would shorten its cold compile."""
     global _hinted
     if _hinted or _deep_unmarked < DEEP_LAYERS or config.current.level == "O2":
-        return ""
+        return
     _hinted = True
-    return (f"lazy_mlir: the step compiles its {_deep_unmarked} repeated layers as one; layer_groups='on' "
-            "(LAZY_MLIR_LAYER_GROUPS=1) compiles one layer's code for them all: at 12 layers a 4-7x shorter "
-            "cold compile for a 3-5% slower step (README, \"A fusion group per layer\")")
+    print(f"lazy_mlir: the step compiles its {_deep_unmarked} repeated layers as one; layer_groups='on' "
+          "(LAZY_MLIR_LAYER_GROUPS=1) compiles one layer's code for them all: at 12 layers a 4-7x shorter "
+          "cold compile for a 3-5% slower step (README, \"A fusion group per layer\")", file=sys.stderr, flush=True)
 
 
 def _warn_if_masks_differ_from_eager(model: torch.nn.Module) -> None:
@@ -95,27 +94,14 @@ def _warn_if_masks_differ_from_eager(model: torch.nn.Module) -> None:
     warnings.warn(f"lazy_mlir: {type(model).__name__} skips layers at random (LayerDrop) on the host's generator "
                   "and has dropout: its dropout masks are drawn after the step's skip decisions, not between "
                   "them as in eager PyTorch, so they differ from eager's (equally random). To compare against "
-                  "eager, set the layerdrop or the dropout to 0.", stacklevel=_user_stacklevel())
-
-
-def _user_stacklevel() -> int:
-    """warnings.warn's stacklevel, called here, for the first frame outside
-    lazy_mlir and torch: the user's call of the model (marked in a hook)."""
-    ours = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(ours):
-        frame, level = frame.f_back, level + 1
-    return level
+                  "eager, set the layerdrop or the dropout to 0.", stacklevel=syncs.user_stacklevel())
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:
     """A dropout module with p > 0, or a Hugging Face config's ``*dropout*``
     above 0 (its layers call nn.functional.dropout with it)."""
-    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        return True
-    cfg = getattr(model, "config", None)
-    return cfg is not None and any("dropout" in name and isinstance(value, (int, float)) and value > 0
-                                   for name, value in vars(cfg).items())
+    return (any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+            or _config_above_zero(model, lambda name: "dropout" in name))
 
 
 def pieces(params: list[torch.Tensor]) -> list[list[int]]:
@@ -145,11 +131,14 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
 def skips_layers(model: torch.nn.Module) -> bool:
     """Whether ``model`` drops layers at random: a Hugging Face config's
     ``layerdrop``, ``encoder_layerdrop`` or ``decoder_layerdrop`` above 0."""
+    return _config_above_zero(model, lambda name: name.endswith("layerdrop"))
+
+
+def _config_above_zero(model: torch.nn.Module, named) -> bool:
+    """Whether a Hugging Face config field whose name ``named`` accepts holds a number above 0."""
     cfg = getattr(model, "config", None)
-    if cfg is None:
-        return False
-    return any(name.endswith("layerdrop") and isinstance(value, (int, float)) and value > 0
-               for name, value in vars(cfg).items())
+    return cfg is not None and any(named(name) and isinstance(value, (int, float)) and value > 0
+                                   for name, value in vars(cfg).items())
 
 
 def _first_tensor(value) -> torch.Tensor | None:

@@ -206,9 +206,7 @@ def _compile_all(graph_name: str, jobs: list) -> None:
             print(f"lazy_mlir: compiling {len(todo)} groups of {graph_name} "
                   f"({sum(j.num_ops for j in todo)} ops) in {1 + len(workers)} processes ...",
                   file=sys.stderr, flush=True)
-            hint = layer_groups.compile_hint()
-            if hint:
-                print(hint, file=sys.stderr, flush=True)
+            layer_groups.print_compile_hint()
         _generate(todo, workers)
         for job in leaders + [job for job in jobs if job.leader is not None]:  # followers read the cache
             job.finish()

@@ -56,6 +56,15 @@ def user_source() -> str:
     return _describe(frame) if frame is not None else "source line unknown"
 
 
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel, for a warning raised by this function's
+    caller, that names the innermost frame outside torch and lazy_mlir."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and not _is_user_frame(frame):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def user_source_of(tb) -> str:
     """The same for where an exception was raised: the innermost user frame of its traceback."""
     found = None
