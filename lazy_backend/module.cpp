@@ -157,6 +157,8 @@ PYBIND11_MODULE(_C, m) {
         "random draws (see value_reads.h).");
   m.def("sync_live_tensors_before_read", &lazy_mlir::syncLiveTensorsBeforeRead, py::arg("tensors"),
         "Sync every live tensor if one of `tensors` is pending on random draws (value_reads.h); returns whether.");
+  m.def("sync_live_tensors", &lazy_mlir::syncLiveTensorsOf, py::arg("tensor"),
+        "Sync every live tensor of `tensor`'s device, as mark_step does but without ending the step.");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,
         "C++ Meta kernels for these in-place pointwise aten ops and empty_like (see meta_kernels.h).");
   m.def("install_source_locations", &lazy_mlir::installSourceLocations,

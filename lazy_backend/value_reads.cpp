@@ -59,6 +59,12 @@ bool syncLiveTensorsBeforeRead(const std::vector<at::Tensor>& tensors) {
   return false;
 }
 
+void syncLiveTensorsOf(const at::Tensor& tensor) {
+  auto lazy = torch::lazy::TryGetLtcTensor(tensor);
+  TORCH_CHECK(lazy, "lazy_mlir: sync_live_tensors on a tensor that is not lazy (", tensor.device(), ")");
+  syncLive(lazy->GetDevice());
+}
+
 void registerValueReadKernels() {
   static const bool registered = [] {
     // The library must outlive its registrations: kept for the process.

@@ -39,6 +39,11 @@ bool syncingLiveTensorsForRead();
 // depends on draws, syncs every live tensor of its device; returns whether.
 bool syncLiveTensorsBeforeRead(const std::vector<at::Tensor>& tensors);
 
+// Syncs every live tensor of `tensor`'s device, whatever it depends on: a
+// planned read that cuts the step in two rather than recompute what it
+// depends on (moe_experts: which experts got tokens, before the optimizer).
+void syncLiveTensorsOf(const at::Tensor& tensor);
+
 void registerValueReadKernels();
 
 }  // namespace lazy_mlir

@@ -152,6 +152,20 @@ def raise_deferred() -> None:
         raise error
 
 
+_planned: list[str] = []  # what lazy_mlir's own reads in progress read (planned_read)
+
+
+@contextlib.contextmanager
+def planned_read(what: str):
+    """Around a read that lazy_mlir makes (moe_experts'): its execution is
+    counted and warned about as a value read, under ``what`` and the user's line."""
+    _planned.append(what)
+    try:
+        yield
+    finally:
+        _planned.pop()
+
+
 _warned: set[str] = set()
 execution = 0  # serial number of the graph execution running now (or last), never reset
 
@@ -174,6 +188,8 @@ def on_execute(draws: bool = False) -> bool:
             user = frame
         frame = frame.f_back
     source = _describe(user) if user is not None else "source line unknown"
+    if _planned and not marking:
+        source = f"{_planned[-1]}, at {source}"
     if config.current.level == "O2":
         _check_ltc_fallbacks(source)
     if marking or user is None:

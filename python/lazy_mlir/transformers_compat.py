@@ -31,11 +31,22 @@ _MARK = "_lazy_mlir_traces_lazy_tensors"
 
 
 def install() -> None:
-    module = sys.modules.get(MODULE)
+    when_imported(MODULE, _patch)
+
+
+def when_imported(name: str, patch) -> None:
+    """Calls ``patch(module)`` for the transformers module ``name``: now if
+    it is imported, else right after its import (a ``sys.meta_path`` hook)."""
+    module = sys.modules.get(name)
     if module is not None:
-        _patch(module)
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+        patch(module)
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _PatchOnImport)), None)
+    if finder is None:
+        finder = _PatchOnImport()
+        sys.meta_path.insert(0, finder)
+    if patch not in finder.patches.setdefault(name, []):
+        finder.patches[name].append(patch)
 
 
 def is_lazy(x) -> bool:
@@ -56,20 +67,26 @@ def _patch(module) -> None:
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches MODULE right after it is first imported."""
+    """Patches each module of ``patches`` right after it is first imported."""
+
+    def __init__(self):
+        self.patches: dict[str, list] = {}  # module name -> its patch functions
 
     def find_spec(self, name, path=None, target=None):
-        if name != MODULE:
+        patches = self.patches.pop(name, None)
+        if patches is None:
             return None
-        sys.meta_path.remove(self)  # find the real spec, once
-        spec = importlib.util.find_spec(name)
+        if not self.patches:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)  # the real spec (this finder no longer answers for name)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_and_patch(module):
             exec_module(module)
-            _patch(module)
+            for patch in patches:
+                patch(module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
