@@ -26,7 +26,7 @@ import torch._lazy.ts_backend
 # the runtime (fused_optimizer, group_compiler), so that a process that only
 # imports lazy_mlir (an eager baseline reading lazy_mlir.models) loads none.
 from . import background, compilable, config, dump, lazy_kernels, metrics, module_ties
-from . import steady_state, step_errors
+from . import moe_experts, steady_state, step_errors
 from . import syncs, transformers_compat
 from . import _C
 from .steady_state import prepare
@@ -61,6 +61,8 @@ def init(level: str = "O1", **options) -> config.Config:
     lazy_kernels.install()
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
+    # its optimizer hook first: an expert's None gradient is seen by steady_state's
+    moe_experts.install()  # Switch's and NLLB-MoE's expert loops in one graph
     steady_state.install()  # auto_prepare's hooks
     transformers_compat.install()  # its mask decisions read no lazy value
     if cfg.fuse_optimizer:  # torch.optim.adam.adam stays torch's own until asked for

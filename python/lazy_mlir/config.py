@@ -130,6 +130,14 @@ class Config:
     # "off" for none (LAZY_MLIR_LAYER_GROUPS=auto, 1 or 0).
     layer_groups: str = dataclasses.field(default_factory=lambda: _on_off_auto(
         os.environ.get("LAZY_MLIR_LAYER_GROUPS", "auto")))
+    # Switch Transformers' and NLLB-MoE's expert loops run in static shapes
+    # (lazy_mlir.moe_experts), every expert on every token. True: an expert
+    # that got no token has a None gradient, as eagerly (the optimizer skips
+    # it), read before each optimizer step: two graph executions a step.
+    # False: it keeps a zero gradient, as GShard-style MoE code gives it (the
+    # optimizer updates it: weight decay, moments): one graph a step.
+    # LAZY_MLIR_MOE_EAGER_GRADS=0 turns it off.
+    moe_eager_grads: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_MOE_EAGER_GRADS", True))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile
@@ -140,7 +148,7 @@ class Config:
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
                    "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs",
-                   "step_memory", "layer_groups")
+                   "step_memory", "layer_groups", "moe_eager_grads")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
