@@ -235,7 +235,7 @@ class _Replay:
             self.constants = [c.to("lazy") for c in constants]
 
     def __call__(self, args: list):
-        if getattr(_recording, "active", False):  # the graph itself, on fakes: factory ops fake too
+        if recording():  # the graph itself, on fakes: factory ops fake too
             with torch._guards.detect_fake_mode(args):
                 return self.gm(*args)
         results = self.run(args)
@@ -372,6 +372,11 @@ class _Record:
 
 # ------------------------------------------------------------------ capture
 _recording = threading.local()
+
+
+def recording() -> bool:
+    """Whether this thread is recording a captured forward (on fake tensors)."""
+    return getattr(_recording, "active", False)
 # Records kept per module, as Dynamo's recompile limit: past it a new key
 # (a sequence length that changes every step) runs op by op, where the
 # shape-generic compile path still covers it, instead of recording anew.
@@ -464,7 +469,7 @@ class CapturedForward:
         # what a record assumes of the state besides identity (dtype, sizes,
         # requires_grad), as bytes: None when a tensor is not on the lazy device
         state_signature = _C.state_signature(state)
-        if (getattr(_recording, "active", False) or torch.compiler.is_compiling() or state_signature is None
+        if (recording() or torch.compiler.is_compiling() or state_signature is None
                 or any(isinstance(x, torch.Tensor) and x.device.type != "lazy" for x in leaves)):
             return self.original(*args, **kwargs)
         mode = module.mode() if isinstance(module, CapturedFunction) else module.training

@@ -48,6 +48,9 @@ Two things it cannot make the same as eager:
   distribution, not in value.
 Other transformers versions' loops are left as they are (a warning says so):
 the replacement is checked against the source of the forward it replaces.
+Under ``lazy_mlir.capture`` (a replay runs no Python) a model with these
+experts is not recorded while ``moe_eager_grads`` is on: it runs op by op,
+with capture's warning naming why.
 """
 from __future__ import annotations
 
@@ -59,7 +62,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import _C, config, syncs, transformers_compat
+from . import _C, capture, config, syncs, transformers_compat
 
 SWITCH = "transformers.models.switch_transformers.modeling_switch_transformers"
 NLLB_MOE = "transformers.models.nllb_moe.modeling_nllb_moe"
@@ -200,6 +203,10 @@ def _gathered(experts, hidden_states, mask, weights, slots: int) -> torch.Tensor
 def _record(expert: torch.nn.Module, hit: torch.Tensor) -> None:
     if not config.current.moe_eager_grads or not torch.is_grad_enabled():
         return
+    if capture.recording():  # a replay would run no Python: no experts hit to read
+        raise RuntimeError("lazy_mlir.moe_experts: eager's None gradients for experts that get no token need "
+                           "the forward's Python at each step; init(moe_eager_grads=False) lets a captured "
+                           "model replay its experts (zero gradients)")
     params = [p for p in expert.parameters() if p.requires_grad]
     if not params:
         return
