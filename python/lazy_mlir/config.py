@@ -131,7 +131,7 @@ class Config:
     layer_groups: str = dataclasses.field(default_factory=lambda: _on_off_auto(
         os.environ.get("LAZY_MLIR_LAYER_GROUPS", "auto")))
     # Switch Transformers' and NLLB-MoE's expert loops run in static shapes
-    # (lazy_mlir.moe_experts), every expert on every token. True: an expert
+    # (lazy_mlir.moe_experts), every expert called each step. True: an expert
     # that got no token has a None gradient, as eagerly (the optimizer skips
     # it), read before each optimizer step: two graph executions a step.
     # False: it keeps a zero gradient, as GShard-style MoE code gives it (the
