@@ -1,6 +1,7 @@
 #include "dead_draws.h"
 
 #include "draw_order.h"
+#include "draw_stream.h"
 #include "../runtime/run_stats.h"
 #include "silent_warnings.h"
 
@@ -30,17 +31,21 @@ void remember(const c10::IValue& value) {
   if (g_draws.empty() || g_draws.back() != ir.node) g_draws.push_back(ir.node);  // native_dropout: two outputs
 }
 
-// Over a random op's Lazy kernel (LTC's): runs it, then remembers the node
-// its outputs hold.
+// Over a random op's Lazy kernel (LTC's): runs it, then puts the draw in
+// the step's stream (draw_stream.h: a replayed draw takes the values drawn
+// before) and remembers the node its outputs hold.
 class DrawRecorder final : public c10::OperatorKernel {
  public:
   explicit DrawRecorder(c10::SafeKernelFunction kernel) : kernel_(std::move(kernel)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> inputs;
+    if (replayingDraws()) inputs.assign(stack->end() - op.schema().arguments().size(), stack->end());
     kernel_.callBoxed(op, keys, stack);
-    if (!g_keep.load(std::memory_order_relaxed)) return;
-    const size_t returns = op.schema().returns().size();
-    for (size_t i = stack->size() - returns; i < stack->size(); ++i) remember((*stack)[i]);
+    const size_t first_output = stack->size() - op.schema().returns().size();
+    const bool eager_stream = g_keep.load(std::memory_order_relaxed);  // not fast_rng: drawn in the glue
+    if (streamDraw(op, inputs, stack, first_output, eager_stream) || !eager_stream) return;
+    for (size_t i = first_output; i < stack->size(); ++i) remember((*stack)[i]);
   }
 
  private:
@@ -72,10 +77,8 @@ void wrapRandomKernels() {
 }  // namespace
 
 void keepDeadDraws(bool on) {
-  if (on) {
-    static const bool wrapped = (wrapRandomKernels(), true);
-    (void)wrapped;
-  }
+  static const bool wrapped = (wrapRandomKernels(), true);  // the draw stream needs them either way
+  (void)wrapped;
   g_keep = on;
   if (!on) forgetDraws();
 }

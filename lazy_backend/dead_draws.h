@@ -20,7 +20,8 @@ namespace lazy_mlir {
 
 // Turns the keeping of dead draws on or off (off with Config.fast_rng, whose
 // generated draws follow no eager stream). The first call wraps the Lazy
-// kernels of draw_order.h's random ops (set by setRandomOps before).
+// kernels of draw_order.h's random ops (set by setRandomOps before), on or
+// off: the wrapper also keeps the step's draws for draw_stream.h.
 void keepDeadDraws(bool on);
 
 // At a sync of every live tensor: appends to `tensors` a tensor for each

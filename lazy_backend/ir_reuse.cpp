@@ -1,6 +1,7 @@
 #include "ir_reuse.h"
 
 #include "dead_draws.h"
+#include "draw_stream.h"
 #include "pending_data.h"
 #include "device_data_pool.h"
 #include "functional_update.h"
@@ -220,10 +221,12 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
     orderUpdatedLast(tensors);
     addDeadDraws(&tensors, device ? *device : torch::lazy::BackendDevice());
     SyncTensorsGraph(&tensors, devices, wait, /*sync_ltc_data=*/true);
+    drawsSettled();
   }
 
   void MarkStep(const torch::lazy::BackendDevice& device) override {
     torch::lazy::LazyGraphExecutor::MarkStep(device);  // also resets the trie's cursor
+    newDrawStream();
     g_device_data_ordinal = 0;
     clearLayerBoundaries();
     devicePoolStepBoundary();

@@ -15,6 +15,7 @@
 #include "builtin_op_node.h"
 #include "device_data_pool.h"
 #include "dead_draws.h"
+#include "draw_stream.h"
 #include "draw_order.h"
 #include "ir_reuse.h"
 #include "functional_update.h"
@@ -172,6 +173,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("keep_dead_draws", &lazy_mlir::keepDeadDraws,
         "Run random ops whose results nothing uses at the next sync of every live tensor, as eager does "
         "(dead_draws.h).", py::arg("on"));
+  m.def("draw_position", &lazy_mlir::drawPosition,
+        "(step, position of the next draw in its stream): the lazy device's random state (draw_stream.h).");
+  m.def("set_draw_position", &lazy_mlir::setDrawPosition, py::arg("step"), py::arg("position"),
+        "The next draws replay the step's stream from `position` (draw_stream.h).");
   m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
   m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
   m.def("set_device_data_pool", &lazy_mlir::setDeviceDataPool,

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "draw_order.h"
+#include "draw_stream.h"
 #include "region_node.h"
 
 namespace lazy_mlir {
@@ -25,6 +26,7 @@ bool pendingOnDraws(const torch::lazy::LazyTensorPtr& lazy) {
 
 void syncLive(const torch::lazy::BackendDevice& device) {
   const SyncingLive syncing;
+  keepDrawsThroughSync(device);  // a checkpoint's recompute after the read replays them
   torch::lazy::LazyGraphExecutor::Get()->SyncLiveTensorsGraph(&device, /*devices=*/{}, /*wait=*/true);
 }
 

@@ -1,0 +1,197 @@
+#include "draw_stream.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/lazy/core/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lazy_mlir {
+
+namespace {
+
+// One output of a draw: its IR value, held weakly (a node nothing else
+// holds is gone, and the stream must not keep it: dead_draws.h counts who
+// holds a draw; a weak pointer to its tensor would keep LTC's tensor, and
+// its node, alive too).
+struct DrawnOutput {
+  std::weak_ptr<torch::lazy::Node> node;
+  size_t index = 0;
+  at::Tensor kept;  // its values through a mid-step sync (keepDrawsThroughSync)
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+struct Draw {
+  c10::OperatorName op;
+  bool in_place = false;  // bernoulli_, uniform_, normal_, random_: the output is the op's self
+  bool settled = false;   // a sync of every live tensor ran it: its node must not run again
+  std::vector<DrawnOutput> outputs;
+};
+
+std::mutex g_mutex;
+int64_t g_step = 0;
+size_t g_position = 0;  // of the next draw; below g_stream.size() while replaying
+std::vector<Draw> g_stream;
+// the first position a state was saved at this step: no draw before it can
+// be replayed, so none is kept through a mid-step sync
+size_t g_replayable_from = SIZE_MAX;
+
+std::string opName(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+Draw record(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first_output) {
+  Draw draw{op.operator_name(), op.schema().name().back() == '_'};
+  for (size_t i = first_output; i < stack.size(); ++i) {
+    DrawnOutput out;
+    if (stack[i].isTensor()) {
+      const at::Tensor& tensor = stack[i].toTensor();
+      out.sizes = tensor.sizes().vec();
+      out.dtype = tensor.scalar_type();
+      if (auto ltc = torch::lazy::TryGetLtcTensor(tensor)) {
+        torch::lazy::Value value = ltc->CurrentIrValue();
+        out.node = value.node;
+        out.index = value.index;
+      }
+    }
+    draw.outputs.push_back(std::move(out));
+  }
+  return draw;
+}
+
+// The value a replayed output takes: the draw's node while no sync of
+// every live tensor has run it, else the tensor kept through that sync.
+// None for a node that died unrun: nothing read that draw, so the new one
+// is as good (its values were never made).
+std::optional<torch::lazy::Value> drawnValue(const Draw& draw, const DrawnOutput& out, const std::string& op) {
+  if (out.kept.defined()) return torch::lazy::TryGetLtcTensor(out.kept)->GetIrValue();
+  auto node = out.node.lock();
+  TORCH_CHECK(!draw.settled, "lazy_mlir: ", op, " replayed after torch.lazy.set_rng_state "
+              "(torch.utils.checkpoint's recompute): its first draw ran at a sync of every live tensor and its "
+              "values were not kept");
+  if (node) return torch::lazy::Value(node, out.index);
+  return std::nullopt;
+}
+
+// native_dropout's output computed again from the input the recompute gave
+// and the replayed mask, as aten's kernel computes it: the forward's output
+// (a whole activation, unlike the mask's bytes) need not live until the
+// backward, which is what checkpointing is for. Only for masks drawn in the
+// TorchScript glue: generated code (fast_rng) draws a mask as a pointwise
+// function of its seed, which Inductor recomputes where it is used, and an
+// explicit mask made it store it (zoo Llama, base size, checkpointed: 146
+// MiB of buffers at the peak with it, 118 without; glue draws: 225 with,
+// 261 without).
+void redropout(const std::vector<c10::IValue>& inputs, torch::jit::Stack* stack, size_t first_output) {
+  if (inputs.size() != 3 || !inputs[0].isTensor() || (inputs[2].isBool() && !inputs[2].toBool())) return;
+  const double kept = 1.0 - inputs[1].toDouble();
+  const double scale = kept == 0 ? 0.0 : 1.0 / kept;
+  const at::Tensor& mask = (*stack)[first_output + 1].toTensor();
+  (*stack)[first_output] = inputs[0].toTensor().mul(mask).mul_(scale);
+}
+
+void replay(const Draw& draw, size_t position, const c10::OperatorHandle& op, const std::vector<c10::IValue>& inputs,
+            torch::jit::Stack* stack, size_t first_output, bool drawn_in_glue) {
+  const size_t outputs = stack->size() - first_output;
+  TORCH_CHECK(draw.op == op.operator_name() && draw.outputs.size() == outputs, "lazy_mlir: draw ", position,
+              " of the step replayed after torch.lazy.set_rng_state (torch.utils.checkpoint's recompute) is ",
+              opName(op.operator_name()), ", but it was ", opName(draw.op),
+              ": the code run again does not draw as it did the first time");
+  for (size_t i = 0; i < outputs; ++i) {
+    at::Tensor fresh = (*stack)[first_output + i].toTensor();
+    const DrawnOutput& out = draw.outputs[i];
+    TORCH_CHECK(fresh.sizes().vec() == out.sizes && fresh.scalar_type() == out.dtype, "lazy_mlir: ",
+                opName(draw.op), " replayed after torch.lazy.set_rng_state (torch.utils.checkpoint's recompute) "
+                "draws ", fresh.sizes(), " ", fresh.scalar_type(), ", but drew ", c10::IntArrayRef(out.sizes), " ",
+                out.dtype, " the first time");
+    std::optional<torch::lazy::Value> value = drawnValue(draw, out, opName(draw.op));
+    if (!value) continue;
+    auto ltc = torch::lazy::TryGetLtcTensor(fresh);
+    if (draw.in_place) {
+      ltc->SetInPlaceIrValue(*value);
+    } else {
+      (*stack)[first_output + i] =
+          torch::lazy::CreateAtenFromLtcTensor(torch::lazy::LazyTensor::Create(*value, ltc->GetDevice()));
+    }
+  }
+  static const c10::OperatorName native_dropout{"aten::native_dropout", ""};
+  if (drawn_in_glue && draw.op == native_dropout) redropout(inputs, stack, first_output);
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> drawPosition() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_replayable_from = std::min(g_replayable_from, g_position);
+  return {g_step, static_cast<int64_t>(g_position)};
+}
+
+void setDrawPosition(int64_t step, int64_t position) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(step == g_step, "lazy_mlir: torch.lazy.set_rng_state: the state is from step ", step,
+              " but this is step ", g_step, ": a step's draws are taken at its mark_step, so a state saved before "
+              "that cannot draw them again");
+  TORCH_CHECK(position >= 0 && static_cast<size_t>(position) <= g_stream.size(),
+              "lazy_mlir: torch.lazy.set_rng_state: position ", position, " is past the ", g_stream.size(),
+              " draws of this step");
+  g_position = static_cast<size_t>(position);
+}
+
+bool replayingDraws() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_position < g_stream.size();
+}
+
+bool streamDraw(const c10::OperatorHandle& op, const std::vector<c10::IValue>& inputs, torch::jit::Stack* stack,
+                size_t first_output, bool drawn_in_glue) {
+  std::unique_lock<std::mutex> lock(g_mutex);
+  if (g_position < g_stream.size()) {
+    const size_t position = g_position++;
+    const Draw draw = g_stream[position];
+    lock.unlock();  // building IR can trace (a cast): not under the lock
+    replay(draw, position, op, inputs, stack, first_output, drawn_in_glue);
+    return true;
+  }
+  lock.unlock();
+  Draw draw = record(op, *stack, first_output);
+  lock.lock();
+  g_stream.push_back(std::move(draw));
+  g_position = g_stream.size();
+  return false;
+}
+
+void keepDrawsThroughSync(const torch::lazy::BackendDevice& device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t i = g_replayable_from; i < g_stream.size(); ++i) {
+    Draw& draw = g_stream[i];
+    if (draw.settled) continue;
+    for (auto& out : draw.outputs) {
+      auto node = out.node.lock();
+      if (node && !out.kept.defined()) {
+        out.kept = torch::lazy::CreateAtenFromLtcTensor(
+            torch::lazy::LazyTensor::Create(torch::lazy::Value(node, out.index), device));
+      }
+    }
+  }
+}
+
+void drawsSettled() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& draw : g_stream) draw.settled = true;
+}
+
+void newDrawStream() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_stream.clear();
+  g_position = 0;
+  g_replayable_from = SIZE_MAX;
+  ++g_step;
+}
+
+}  // namespace lazy_mlir

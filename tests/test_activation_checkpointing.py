@@ -1,0 +1,179 @@
+"""Activation checkpointing (torch.utils.checkpoint, transformers'
+gradient_checkpointing_enable) on the lazy device: it needs torch.lazy
+(lazy_mlir/device_module.py), and its recompute in the backward must draw
+the forward's masks again (lazy_backend/draw_stream.h): a lazy draw takes
+its numbers when the graph runs, so a recompute traced again would draw
+new ones, a gradient unlike eager's."""
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import lazy_mlir
+from lazy_mlir import metrics
+from helpers import CPU, LAZY, assert_compiled, assert_same_training, train
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+
+
+class CheckpointedNoisy(nn.Module):
+    """Two blocks, each checkpointed, drawing every kind of lazy draw:
+    dropout, rand (a stochastic-depth gate), bernoulli of a tensor of
+    probabilities, randn_like, uniform_, normal_."""
+
+    def __init__(self, reentrant: bool, width=24):
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(2))
+        self.head = nn.Linear(width, 3)
+
+    @staticmethod
+    def _block(linear, h):
+        h = F.dropout(torch.tanh(linear(h)), 0.25, True)
+        h = h * (torch.rand(h.shape[0], 1, device=h.device) + 0.75).floor() / 0.75
+        h = h * torch.bernoulli(torch.full_like(h, 0.9)) + 0.01 * torch.randn_like(h)
+        return h + torch.empty_like(h).uniform_(-0.01, 0.01) + torch.empty_like(h).normal_(0.0, 0.01)
+
+    def forward(self, x, y):
+        # reentrant checkpointing differentiates only through tensor inputs
+        # that need a gradient: without one it would recompute nothing
+        h = x.detach().requires_grad_(self.reentrant)
+        for linear in self.blocks:
+            h = checkpoint(self._block, linear, h, use_reentrant=self.reentrant)
+        return F.cross_entropy(self.head(h), y)
+
+
+def _batches(steps=3):
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(16, 24, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g))
+            for _ in range(steps)]
+
+
+def _seeded(make):
+    def made():
+        torch.manual_seed(0)
+        model = make().double()
+        torch.manual_seed(1234)  # the draws of both runs start here
+        return model
+    return made
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_recompute_draws_the_forwards_numbers(lazy_level, reentrant):
+    make = _seeded(lambda: CheckpointedNoisy(reentrant))
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    eager = train(make, sgd, _batches(), CPU)
+    lazy = train(make, sgd, _batches(), LAZY)
+    # without the replay the recompute drew new masks: the gradients were
+    # the other masks' and later steps drew other numbers (losses 0.1 off)
+    assert_same_training(eager, lazy, rtol=1e-9, atol=1e-12)
+    assert_compiled()
+    assert metrics.snapshot()["graph_executions"] == 3, metrics.report()
+
+
+def test_a_value_read_before_the_backward_keeps_the_forwards_draws(lazy_level):
+    # loss.item() before backward syncs every live tensor (the loss depends
+    # on draws); nothing else keeps a checkpointed forward's masks, so the
+    # stream keeps them through that sync for the recompute
+    make = _seeded(lambda: CheckpointedNoisy(False))
+    for device in (CPU, LAZY):
+        model = make().to(device)
+        losses, grads = [], []
+        for x, y in _batches(2):
+            loss = model(x.to(device), y.to(device))
+            losses.append(loss.item())
+            loss.backward()
+            if device == LAZY:
+                torch._lazy.mark_step()
+            grads.append([p.grad.cpu() for p in model.parameters()])
+            model.zero_grad()
+        if device == CPU:
+            eager = losses, grads
+    assert losses == pytest.approx(eager[0], rel=1e-12)
+    for lazy_step, eager_step in zip(grads, eager[1]):
+        for g, e in zip(lazy_step, eager_step):
+            torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
+
+
+def test_rewinding_the_lazy_state_draws_the_same_numbers_again(lazy_level):
+    # as a generator set back: the draws from there, then new ones
+    for device in (CPU, LAZY):
+        torch.manual_seed(3)
+        module = torch.lazy if device == LAZY else torch
+        state = module.get_rng_state()
+        a = torch.rand(5, device=device)
+        module.set_rng_state(state)
+        b, c = torch.rand(5, device=device), torch.rand(5, device=device)
+        if device == LAZY:
+            torch._lazy.mark_step()
+        drawn = [t.cpu() for t in (a, b, c)]
+        if device == CPU:
+            eager = drawn
+    for lazy_t, eager_t in zip(drawn, eager):
+        assert torch.equal(lazy_t, eager_t)
+    assert not torch.equal(drawn[0], drawn[2])
+
+
+def test_a_replay_that_draws_otherwise_or_a_state_of_another_step_raises(lazy_level):
+    state = torch.lazy.get_rng_state()
+    torch.rand(4, device=LAZY)
+    torch.lazy.set_rng_state(state)
+    with pytest.raises(RuntimeError, match="aten::normal_functional, but it was aten::uniform:"):
+        torch.randn(4, device=LAZY)
+    torch.lazy.set_rng_state(state)
+    with pytest.raises(RuntimeError, match=r"draws \[3\].*but drew \[4\]"):
+        torch.rand(3, device=LAZY)
+    torch._lazy.mark_step()
+    with pytest.raises(RuntimeError, match="from step .* but this is step"):
+        torch.lazy.set_rng_state(state)
+
+
+def test_fast_rng_recompute_uses_the_forwards_mask(lazy_level):
+    # with fast_rng the generated code draws: the recompute must still
+    # take the forward's mask, or the gradient is another mask's
+    lazy_mlir.init(lazy_level, fast_rng=True)
+    try:
+        weight = torch.ones(32, 32).to(LAZY).requires_grad_()
+        for _ in range(2):
+            y = checkpoint(lambda w: F.dropout(w * 1.0, 0.3, True), weight, use_reentrant=False)
+            y.sum().backward()
+            torch._lazy.mark_step()
+            y_cpu, grad = y.cpu(), weight.grad.cpu()
+            weight.grad = None
+            assert 0 < (y_cpu == 0).sum() < y_cpu.numel()
+            torch.testing.assert_close(grad, y_cpu, rtol=0, atol=0)  # the kept elements' 1 / 0.7, the rest 0
+    finally:
+        lazy_mlir.init(lazy_level)
+
+
+def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level):
+    import zoo
+
+    variant = zoo.base_variant("gpt2", dropout=0.1)
+    runs = {}
+    for device in (CPU, LAZY):
+        model = zoo.make_model(variant)
+        model.activation_checkpointing_enable()
+        model = model.to(device).train()
+        opt = zoo.SPECS["gpt2"].optimizer(model)
+        torch.manual_seed(1234)
+        losses = []
+        for i, batch in enumerate(zoo.batches(variant, 3)[:3]):
+            if i == 1:
+                metrics.reset()
+            loss = zoo.SPECS["gpt2"].loss(model, *(t.to(device) for t in batch))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+            losses.append(loss.item())
+        with torch.no_grad():
+            runs[device.type] = torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}
+    assert_same_training(runs["cpu"], runs["lazy"], rtol=1e-9, atol=1e-12)
+    assert_compiled()
+    assert metrics.snapshot()["graph_executions"] == 2, metrics.report()
