@@ -150,7 +150,8 @@ def test_fast_rng_recompute_uses_the_forwards_mask(lazy_level):
         lazy_mlir.init(lazy_level)
 
 
-def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level):
+@pytest.mark.parametrize("captured", [False, True], ids=["traced", "captured"])
+def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level, captured):
     import zoo
 
     variant = zoo.base_variant("gpt2", dropout=0.1)
@@ -158,6 +159,8 @@ def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level):
     for device in (CPU, LAZY):
         model = zoo.make_model(variant)
         model.activation_checkpointing_enable()
+        if captured and device == LAZY:
+            lazy_mlir.capture(model)  # recorded with its recompute (AOTAutograd), replayed
         model = model.to(device).train()
         opt = zoo.SPECS["gpt2"].optimizer(model)
         torch.manual_seed(1234)
@@ -175,5 +178,7 @@ def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level):
         with torch.no_grad():
             runs[device.type] = torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}
     assert_same_training(runs["cpu"], runs["lazy"], rtol=1e-9, atol=1e-12)
-    assert_compiled()
-    assert metrics.snapshot()["graph_executions"] == 2, metrics.report()
+    s = metrics.snapshot()
+    assert_compiled(s)
+    assert s["graph_executions"] == 2, metrics.report()
+    assert s["captured_calls"] == (2 if captured else 0), metrics.report()
