@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/lazy/core/tensor.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,11 +35,15 @@ struct Draw {
 
 std::mutex g_mutex;
 int64_t g_step = 0;
-size_t g_position = 0;  // of the next draw; below g_stream.size() while replaying
+size_t g_position = 0;  // of the next draw; below the stream's end while replaying
+// The draws from the first position a state was saved at in this step: no
+// draw before it can be replayed, so none is kept (a step that saves no
+// state records nothing, only counts).
+bool g_recording = false;
+size_t g_base = 0;  // the position of g_stream[0]
 std::vector<Draw> g_stream;
-// the first position a state was saved at this step: no draw before it can
-// be replayed, so none is kept through a mid-step sync
-size_t g_replayable_from = SIZE_MAX;
+
+size_t streamEnd() { return g_base + g_stream.size(); }
 
 std::string opName(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
@@ -128,7 +131,10 @@ void replay(const Draw& draw, size_t position, const c10::OperatorHandle& op, co
 
 std::pair<int64_t, int64_t> drawPosition() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_replayable_from = std::min(g_replayable_from, g_position);
+  if (!g_recording) {  // nothing recorded yet: the stream starts here
+    g_recording = true;
+    g_base = g_position;
+  }
   return {g_step, static_cast<int64_t>(g_position)};
 }
 
@@ -137,39 +143,42 @@ void setDrawPosition(int64_t step, int64_t position) {
   TORCH_CHECK(step == g_step, "lazy_mlir: torch.lazy.set_rng_state: the state is from step ", step,
               " but this is step ", g_step, ": a step's draws are taken at its mark_step, so a state saved before "
               "that cannot draw them again");
-  TORCH_CHECK(position >= 0 && static_cast<size_t>(position) <= g_stream.size(),
-              "lazy_mlir: torch.lazy.set_rng_state: position ", position, " is past the ", g_stream.size(),
+  TORCH_CHECK(position >= static_cast<int64_t>(g_base) && static_cast<size_t>(position) <= streamEnd(),
+              "lazy_mlir: torch.lazy.set_rng_state: position ", position, " is not one of the ", streamEnd(),
               " draws of this step");
   g_position = static_cast<size_t>(position);
 }
 
 bool replayingDraws() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_position < g_stream.size();
+  return g_position < streamEnd();
 }
 
 bool streamDraw(const c10::OperatorHandle& op, const std::vector<c10::IValue>& inputs, torch::jit::Stack* stack,
                 size_t first_output, bool drawn_in_glue) {
   std::unique_lock<std::mutex> lock(g_mutex);
-  if (g_position < g_stream.size()) {
+  if (g_position < streamEnd()) {
     const size_t position = g_position++;
-    const Draw draw = g_stream[position];
+    const Draw draw = g_stream[position - g_base];
     lock.unlock();  // building IR can trace (a cast): not under the lock
     replay(draw, position, op, inputs, stack, first_output, drawn_in_glue);
     return true;
+  }
+  if (!g_recording) {
+    g_base = ++g_position;
+    return false;
   }
   lock.unlock();
   Draw draw = record(op, *stack, first_output);
   lock.lock();
   g_stream.push_back(std::move(draw));
-  g_position = g_stream.size();
+  g_position = streamEnd();
   return false;
 }
 
 void keepDrawsThroughSync(const torch::lazy::BackendDevice& device) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (size_t i = g_replayable_from; i < g_stream.size(); ++i) {
-    Draw& draw = g_stream[i];
+  for (auto& draw : g_stream) {
     if (draw.settled) continue;
     for (auto& out : draw.outputs) {
       auto node = out.node.lock();
@@ -190,7 +199,8 @@ void newDrawStream() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_stream.clear();
   g_position = 0;
-  g_replayable_from = SIZE_MAX;
+  g_base = 0;
+  g_recording = false;
   ++g_step;
 }
 

@@ -12,7 +12,9 @@
 // Set back to an earlier position, the next draws are the stream's draws
 // from there: the same values (the same IR node while no sync of every
 // live tensor has run it, the tensor it gave otherwise), not new ones.
-// Past the stream's end a draw is new and appended.
+// Past the stream's end a draw is new and appended. Draws are kept only
+// from the first state saved in the step (none can rewind further): a step
+// that saves none only counts them.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
