@@ -34,6 +34,7 @@ import torch
 
 import lazy_mlir
 from lazy_mlir import _C, metrics
+from taking_turns import first_failure, run_in_turns
 
 LAZY = torch.device("lazy")
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "models")
@@ -78,14 +79,6 @@ class Variant:
         self.peak_bytes = _C.step_memory_stats()["peak_bytes"] - held
 
 
-def failure(v: Variant) -> str | None:
-    for s in v.per_step:
-        if s["fallback_count"] or s["groups_fallen_back"] or s["interpreted_group_calls"] or \
-                s["compiled_group_calls"] == 0:
-            return f"not compiled: fallbacks {s['fallbacks']}, groups fallen back {s['groups_fallen_back']}"
-    return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama", help="a zoo model with HF's checkpointing (tests/models/zoo.py)")
@@ -109,18 +102,7 @@ def main() -> None:
                     ("eager", cpu, False), ("eager, checkpointed", cpu, True),
                     ("torch.compile", cpu, False), ("torch.compile, checkpointed", cpu, True),
                     ("lazy", LAZY, False), ("lazy, checkpointed", LAZY, True)]]
-    for variant in variants:
-        start = time.perf_counter()
-        for i in range(args.warmup):
-            variant.step(data[i % len(data)], timed=False)
-        print(f"{variant.name}: warm-up {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    done = 0
-    while done < args.steps:
-        n = min(args.turn, args.steps - done)
-        for variant in variants:
-            for i in range(done, done + n):
-                variant.step(data[(args.warmup + i) % len(data)], timed=True)
-        done += n
+    run_in_turns(variants, data, args.warmup, args.steps, args.turn)
     for variant in variants:
         if variant.device == LAZY:
             variant.measure_memory(data[0])
@@ -130,7 +112,7 @@ def main() -> None:
           f"after {args.warmup}, turns of {args.turn}")
     failed = False
     for variant in variants:
-        why = failure(variant)
+        why = first_failure(variant.per_step)
         if why:
             failed = True
             print(f"  {variant.name:<28} FAILED: {why}")

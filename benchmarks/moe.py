@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 import lazy_mlir
 from lazy_mlir import metrics
+from taking_turns import first_failure, run_in_turns
 
 LAZY = torch.device("lazy")
 
@@ -87,14 +88,6 @@ class Variant:
                 self.per_step.append(metrics.snapshot())
 
 
-def failure(v: Variant) -> str | None:
-    for s in v.per_step:
-        if s["fallback_count"] or s["groups_fallen_back"] or s["interpreted_group_calls"] or \
-                s["compiled_group_calls"] == 0:
-            return f"not compiled: fallbacks {s['fallbacks']}, groups fallen back {s['groups_fallen_back']}"
-    return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experts", type=int, default=8)
@@ -115,25 +108,14 @@ def main() -> None:
                 Variant("torch.compile", copy.deepcopy(model), torch.device("cpu")),
                 Variant("lazy, eager grads", copy.deepcopy(model), LAZY),
                 Variant("lazy, zero grads", copy.deepcopy(model), LAZY, eager_grads=False)]
-    for v in variants:
-        start = time.perf_counter()
-        for i in range(args.warmup):
-            v.step(data[i % len(data)], timed=False)
-        print(f"{v.name}: warm-up {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    done = 0
-    while done < args.steps:
-        n = min(args.turn, args.steps - done)
-        for v in variants:
-            for i in range(done, done + n):
-                v.step(data[(args.warmup + i) % len(data)], timed=True)
-        done += n
+    run_in_turns(variants, data, args.warmup, args.steps, args.turn)
     eager = statistics.median(variants[0].seconds)
     print(f"\nSwitch Transformers {args.layers}+{args.layers} layers (half MoE), {args.experts} experts, "
           f"hidden {args.hidden}, batch {args.batch} x {args.length}, AdamW fp32; median of {args.steps} steps "
           f"after {args.warmup}, turns of {args.turn}")
     failed = False
     for v in variants:
-        why = failure(v)
+        why = first_failure(v.per_step)
         if why:
             failed = True
             print(f"  {v.name:<18} FAILED: {why}")

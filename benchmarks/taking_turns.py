@@ -1,0 +1,38 @@
+"""Variants of one training step timed side by side in one process: each
+warms up, then they take turns of a few timed steps on the same batches
+(separate processes drift 10-30% apart on these machines). A variant has
+``name`` and ``step(batch, timed)``, which records its own times."""
+from __future__ import annotations
+
+import sys
+import time
+
+from lazy_step import not_compiled
+
+
+def run_in_turns(variants, data: list, warmup: int, steps: int, turn: int) -> None:
+    """``warmup`` untimed steps each, then ``steps`` timed steps each in
+    turns of ``turn``; the batches cycle through ``data``."""
+    for variant in variants:
+        start = time.perf_counter()
+        for i in range(warmup):
+            variant.step(data[i % len(data)], timed=False)
+        print(f"{variant.name}: warm-up {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    done = 0
+    while done < steps:
+        n = min(turn, steps - done)
+        for variant in variants:
+            for i in range(done, done + n):
+                variant.step(data[(warmup + i) % len(data)], timed=True)
+        done += n
+
+
+def first_failure(snapshots: list[dict]) -> str | None:
+    """Why a lazy variant's timed steps (metrics.snapshot() each) did not
+    all run compiled code at O1 (none still interpreting a group while it
+    compiles), or None."""
+    for s in snapshots:
+        why = not_compiled(s, "O1") or (s["interpreted_group_calls"] and "groups ran in TorchScript while compiling")
+        if why:
+            return why
+    return None
