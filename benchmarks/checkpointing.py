@@ -34,7 +34,7 @@ import torch
 
 import lazy_mlir
 from lazy_mlir import _C, metrics
-from taking_turns import first_failure, run_in_turns
+from taking_turns import run_in_turns, timed_row
 
 LAZY = torch.device("lazy")
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "models")
@@ -112,13 +112,10 @@ def main() -> None:
           f"after {args.warmup}, turns of {args.turn}")
     failed = False
     for variant in variants:
-        why = first_failure(variant.per_step)
-        if why:
+        line = timed_row(variant, eager, 28)
+        if line is None:
             failed = True
-            print(f"  {variant.name:<28} FAILED: {why}")
             continue
-        median = statistics.median(variant.seconds)
-        line = f"  {variant.name:<28} {median * 1e3:8.1f} ms  {median / eager:5.2f}x eager"
         if variant.per_step:
             execs = statistics.mean(s["graph_executions"] for s in variant.per_step)
             line += f"  step's buffers' peak {variant.peak_bytes / 2**20:6.1f} MiB  {execs:.1f} graph executions a step"

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import lazy_mlir
 from lazy_mlir import metrics
-from taking_turns import first_failure, run_in_turns
+from taking_turns import run_in_turns, timed_row
 
 LAZY = torch.device("lazy")
 
@@ -115,13 +115,10 @@ def main() -> None:
           f"after {args.warmup}, turns of {args.turn}")
     failed = False
     for v in variants:
-        why = first_failure(v.per_step)
-        if why:
+        line = timed_row(v, eager, 18)
+        if line is None:
             failed = True
-            print(f"  {v.name:<18} FAILED: {why}")
             continue
-        median = statistics.median(v.seconds)
-        line = f"  {v.name:<18} {median * 1e3:8.1f} ms  {median / eager:5.2f}x eager"
         if v.per_step:
             execs = statistics.mean(s["graph_executions"] for s in v.per_step)
             compiles = sum(s["compiles"] for s in v.per_step)

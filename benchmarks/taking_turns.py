@@ -4,6 +4,7 @@ warms up, then they take turns of a few timed steps on the same batches
 ``name`` and ``step(batch, timed)``, which records its own times."""
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -36,3 +37,16 @@ def first_failure(snapshots: list[dict]) -> str | None:
         if why:
             return why
     return None
+
+
+def timed_row(variant, eager_seconds: float, width: int) -> str | None:
+    """A variant's row: its name, median step time and ratio to eager's
+    median, for the caller to extend; None (and a FAILED row printed) if
+    its timed steps did not all run compiled code (``variant.per_step``:
+    the lazy variants' snapshots, empty for the others)."""
+    why = first_failure(variant.per_step)
+    if why:
+        print(f"  {variant.name:<{width}} FAILED: {why}")
+        return None
+    median = statistics.median(variant.seconds)
+    return f"  {variant.name:<{width}} {median * 1e3:8.1f} ms  {median / eager_seconds:5.2f}x eager"
