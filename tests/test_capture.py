@@ -601,3 +601,42 @@ def test_the_first_call_holds_no_input_and_traces_the_later_steps_graph(lazy_lev
         assert_compiled(calls=1)
     assert [ref() is None for ref in held] == [True, True, True]
     assert misses == [1, 0, 0], metrics.report()
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.used(x), self.unused(x)
+
+
+def test_an_output_the_loss_leaves_out_gives_none_gradients(lazy_level):
+    """Eagerly autograd never reaches the parameters behind an output the
+    loss does not use: their gradients stay None and AdamW skips them (no
+    weight decay). A captured replay's backward took zeros for that output
+    and gave those parameters zero gradients, which AdamW stepped."""
+    runs = {}
+    for device in (CPU, LAZY):
+        torch.manual_seed(0)
+        model = _TwoHeads().double()
+        if device == LAZY:
+            lazy_mlir.capture(model)
+        model = model.to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+        for step in range(3):
+            metrics.reset()
+            used, _ = model(torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+                            .to(device))
+            used.square().sum().backward()
+            assert model.unused.weight.grad is None and model.used.weight.grad is not None
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+                assert metrics.snapshot()["captured_direct_calls"] == 1, metrics.report()
+        with torch.no_grad():
+            runs[device.type] = {n: p.cpu() for n, p in model.named_parameters()}
+    for name, p in runs["cpu"].items():
+        torch.testing.assert_close(runs["lazy"][name], p, rtol=1e-12, atol=1e-12, msg=name)

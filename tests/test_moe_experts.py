@@ -145,17 +145,26 @@ def test_two_graphs_a_step_no_eager_op(lazy_level, name):
 def test_zero_gradients_when_asked_one_graph_a_step():
     """moe_eager_grads=False: experts that got no token keep zero gradients
     and AdamW steps them all (GShard-style); no read, one execution a step.
-    The routed experts' math is the same: step 0's loss is eager's."""
+    The routed experts' math is the same: step 0's loss is eager's. The
+    model captured trains as traced op by op."""
     lazy_mlir.init("O1", moe_eager_grads=False)
     try:
         (losses, _, stepped, _), _ = _runs_of("nllb_moe")
-        lazy_losses, _, lazy_stepped, per_step = _train("nllb_moe", LAZY)
+        lazy_losses, lazy_params, lazy_stepped, per_step = _train("nllb_moe", LAZY)
+        # captured too (nothing to read: its replay needs no Python)
+        captured_losses, captured_params, captured_stepped, captured_steps = _train("nllb_moe", LAZY, captured=True)
     finally:
         lazy_mlir.init("O1")
-    assert all(s["graph_executions"] == s["mark_steps"] == 1 and not s["syncs"] for s in per_step), per_step
+    for steps in (per_step, captured_steps):
+        assert all(s["graph_executions"] == s["mark_steps"] == 1 and not s["syncs"] for s in steps), steps
     assert set(lazy_stepped) > set(stepped)  # eagerly, some experts never stepped
     assert all(count == STEPS for n, count in lazy_stepped.items() if ".expert_" in n)
     torch.testing.assert_close(lazy_losses[0], losses[0], **FP64)
+    assert all(s["captured_calls"] == 1 and not s["capture_refused"] for s in captured_steps), captured_steps
+    torch.testing.assert_close(captured_losses, lazy_losses, **FP64)
+    for n, p in lazy_params.items():
+        torch.testing.assert_close(captured_params[n], p, **FP64, msg=n)
+    assert captured_stepped == lazy_stepped
 
 
 def test_a_captured_model_runs_op_by_op_to_keep_eagers_gradients(lazy_level):

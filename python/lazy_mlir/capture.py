@@ -142,6 +142,11 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             return
         if not isinstance(node.target, torch._ops.OpOverload):
             raise CaptureError(f"{node.target} is not an aten op")
+        if node.target.overloadpacket is torch.ops.aten._assert_async:
+            # a check of a value that fake tensors cannot see (one_hot's
+            # "class values must be non-negative"): the per-op trace makes
+            # none either (a read per step), so neither does its region
+            return
         if node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders and not node.users:
             # An input the forward writes (BatchNorm's running stats), copied
             # into at the graph's end: the region returns the value, and
@@ -284,6 +289,7 @@ class _Direct(torch.autograd.Function):
         # mark_step (see _C.SavedValues)
         outputs, ctx.saved = record.replays["forward"].run_saving(inputs, record.n_user)
         ctx.record = record
+        ctx.set_materialize_grads(False)  # an output nothing used gets None: see _direct_backward
         return tuple(outputs)
 
     @staticmethod
@@ -297,9 +303,32 @@ class _Direct(torch.autograd.Function):
 def _direct_backward(ctx, *grads):
     # the parameters' gradients skip AccumulateGrad's detach where it would
     # store them as is (unless create_graph: it then stores a clone)
-    backward = ctx.record.replays["backward"]
-    return (None, *_C.replay_backward(backward.region, ctx.saved, grads, backward.constants, backward.positions,
+    backward, record = ctx.record.replays["backward"], ctx.record
+    positions = backward.positions
+    unused = {i for i, grad in enumerate(grads) if grad is None}
+    if unused:
+        # An input whose gradient comes only from outputs nothing used gets
+        # None, as eagerly, where autograd never reaches it (not zeros: the
+        # optimizer would step it, decaying its weights); the region takes
+        # zeros for those outputs.
+        positions = [None if sources <= unused else p for p, sources in zip(positions, record.gradient_sources)]
+        device = next(grad.device for grad in grads if grad is not None)
+        grads = [torch.zeros(record.outputs[i].shape, dtype=record.outputs[i].dtype, device=device)
+                 if i in unused else grad for i, grad in enumerate(grads)]
+    return (None, *_C.replay_backward(backward.region, ctx.saved, grads, backward.constants, positions,
                                       ctx.create_graph))
+
+
+def _gradient_sources(backward: torch.fx.GraphModule) -> list[frozenset]:
+    """For each gradient the backward graph returns, the tangents (indices
+    of the forward's outputs) it depends on."""
+    tangents = [n for n in backward.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    sources = {n: frozenset([i]) for i, n in enumerate(tangents)}
+    for node in backward.graph.nodes:
+        if node not in sources:
+            sources[node] = frozenset().union(*(sources[arg] for arg in node.all_input_nodes))
+    (results,) = [n.args[0] for n in backward.graph.nodes if n.op == "output"]
+    return [sources[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results]
 
 
 def _replays_directly(forward: "_Replay", backward: "_Replay", outputs: list) -> bool:
@@ -356,6 +385,7 @@ class _Record:
         self.replays: dict[str, _Replay] = {}  # "forward"/"backward", as AOTAutograd compiles them
         self.outputs, self.out_spec = None, None  # the forward's outputs on fakes, flattened
         self.direct: bool | None = None  # None: not decided (no backward recorded yet)
+        self.gradient_sources: list[frozenset] = []  # of a direct record: see _gradient_sources
 
     @property
     def n_user(self) -> int:
@@ -364,6 +394,8 @@ class _Record:
     def __call__(self, *tensors):
         if self.direct is None and "backward" in self.replays:
             self.direct = _replays_directly(self.replays["forward"], self.replays["backward"], self.outputs)
+            if self.direct:
+                self.gradient_sources = _gradient_sources(self.replays["backward"].gm)
         if self.direct:
             metrics.count_capture("direct")
             return tree_unflatten(list(_Direct.apply(self, *tensors)), self.out_spec)
