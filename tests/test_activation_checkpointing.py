@@ -182,3 +182,13 @@ def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level, capt
     assert_compiled(s)
     assert s["graph_executions"] == 2, metrics.report()
     assert s["captured_calls"] == (2 if captured else 0), metrics.report()
+
+
+def test_torch_lazy_is_the_devices_module(lazy_level):
+    # code that looks a device's module up by type finds it
+    assert torch.get_device_module(LAZY) is torch.lazy
+    x = torch.ones(3).to(LAZY) * 2
+    torch._lazy.mark_step()
+    torch.lazy.synchronize()  # waits for the step's graph
+    assert torch.lazy.device_count() == 1 and torch.lazy.is_initialized()
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 import torch
+import torch._lazy
 
 from . import _C
 
@@ -26,6 +27,15 @@ _initialized = True  # torch.utils.checkpoint saves the random state of initiali
 
 def is_available() -> bool:
     return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def synchronize(device=None) -> None:
+    """Waits for the graphs already running (as torch.cuda.synchronize)."""
+    torch._lazy.wait_device_ops()
 
 
 def device_count() -> int:
