@@ -39,12 +39,9 @@ class DrawRecorder final : public c10::OperatorKernel {
   explicit DrawRecorder(c10::SafeKernelFunction kernel) : kernel_(std::move(kernel)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> inputs;
-    if (replayingDraws()) inputs.assign(stack->end() - op.schema().arguments().size(), stack->end());
     kernel_.callBoxed(op, keys, stack);
     const size_t first_output = stack->size() - op.schema().returns().size();
-    const bool eager_stream = g_keep.load(std::memory_order_relaxed);  // not fast_rng: drawn in the glue
-    if (streamDraw(op, inputs, stack, first_output, eager_stream) || !eager_stream) return;
+    if (streamDraw(op, stack, first_output) || !g_keep.load(std::memory_order_relaxed)) return;
     for (size_t i = first_output; i < stack->size(); ++i) remember((*stack)[i]);
   }
 

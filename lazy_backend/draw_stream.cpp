@@ -26,10 +26,11 @@ struct DrawnOutput {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
+// At the Lazy key random ops arrive functionalized (aten::uniform, not
+// uniform_): every output is a new tensor, which a replay replaces.
 struct Draw {
   c10::OperatorName op;
-  bool in_place = false;  // bernoulli_, uniform_, normal_, random_: the output is the op's self
-  bool settled = false;   // a sync of every live tensor ran it: its node must not run again
+  bool settled = false;  // a sync of every live tensor ran it: its node must not run again
   std::vector<DrawnOutput> outputs;
 };
 
@@ -50,7 +51,7 @@ std::string opName(const c10::OperatorName& name) {
 }
 
 Draw record(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first_output) {
-  Draw draw{op.operator_name(), op.schema().name().back() == '_'};
+  Draw draw{op.operator_name()};
   for (size_t i = first_output; i < stack.size(); ++i) {
     DrawnOutput out;
     if (stack[i].isTensor()) {
@@ -82,25 +83,8 @@ std::optional<torch::lazy::Value> drawnValue(const Draw& draw, const DrawnOutput
   return std::nullopt;
 }
 
-// native_dropout's output computed again from the input the recompute gave
-// and the replayed mask, as aten's kernel computes it: the forward's output
-// (a whole activation, unlike the mask's bytes) need not live until the
-// backward, which is what checkpointing is for. Only for masks drawn in the
-// TorchScript glue: generated code (fast_rng) draws a mask as a pointwise
-// function of its seed, which Inductor recomputes where it is used, and an
-// explicit mask made it store it (zoo Llama, base size, checkpointed: 146
-// MiB of buffers at the peak with it, 118 without; glue draws: 225 with,
-// 261 without).
-void redropout(const std::vector<c10::IValue>& inputs, torch::jit::Stack* stack, size_t first_output) {
-  if (inputs.size() != 3 || !inputs[0].isTensor() || (inputs[2].isBool() && !inputs[2].toBool())) return;
-  const double kept = 1.0 - inputs[1].toDouble();
-  const double scale = kept == 0 ? 0.0 : 1.0 / kept;
-  const at::Tensor& mask = (*stack)[first_output + 1].toTensor();
-  (*stack)[first_output] = inputs[0].toTensor().mul(mask).mul_(scale);
-}
-
-void replay(const Draw& draw, size_t position, const c10::OperatorHandle& op, const std::vector<c10::IValue>& inputs,
-            torch::jit::Stack* stack, size_t first_output, bool drawn_in_glue) {
+void replay(const Draw& draw, size_t position, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+            size_t first_output) {
   const size_t outputs = stack->size() - first_output;
   TORCH_CHECK(draw.op == op.operator_name() && draw.outputs.size() == outputs, "lazy_mlir: draw ", position,
               " of the step replayed after torch.lazy.set_rng_state (torch.utils.checkpoint's recompute) is ",
@@ -115,16 +99,9 @@ void replay(const Draw& draw, size_t position, const c10::OperatorHandle& op, co
                 out.dtype, " the first time");
     std::optional<torch::lazy::Value> value = drawnValue(draw, out, opName(draw.op));
     if (!value) continue;
-    auto ltc = torch::lazy::TryGetLtcTensor(fresh);
-    if (draw.in_place) {
-      ltc->SetInPlaceIrValue(*value);
-    } else {
-      (*stack)[first_output + i] =
-          torch::lazy::CreateAtenFromLtcTensor(torch::lazy::LazyTensor::Create(*value, ltc->GetDevice()));
-    }
+    const auto& device = torch::lazy::TryGetLtcTensor(fresh)->GetDevice();
+    (*stack)[first_output + i] = torch::lazy::CreateAtenFromLtcTensor(torch::lazy::LazyTensor::Create(*value, device));
   }
-  static const c10::OperatorName native_dropout{"aten::native_dropout", ""};
-  if (drawn_in_glue && draw.op == native_dropout) redropout(inputs, stack, first_output);
 }
 
 }  // namespace
@@ -149,19 +126,13 @@ void setDrawPosition(int64_t step, int64_t position) {
   g_position = static_cast<size_t>(position);
 }
 
-bool replayingDraws() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_position < streamEnd();
-}
-
-bool streamDraw(const c10::OperatorHandle& op, const std::vector<c10::IValue>& inputs, torch::jit::Stack* stack,
-                size_t first_output, bool drawn_in_glue) {
+bool streamDraw(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first_output) {
   std::unique_lock<std::mutex> lock(g_mutex);
   if (g_position < streamEnd()) {
     const size_t position = g_position++;
     const Draw draw = g_stream[position - g_base];
     lock.unlock();  // building IR can trace (a cast): not under the lock
-    replay(draw, position, op, inputs, stack, first_output, drawn_in_glue);
+    replay(draw, position, op, stack, first_output);
     return true;
   }
   if (!g_recording) {

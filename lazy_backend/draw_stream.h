@@ -23,7 +23,6 @@
 
 #include <cstdint>
 #include <utility>
-#include <vector>
 
 namespace lazy_mlir {
 
@@ -35,17 +34,11 @@ std::pair<int64_t, int64_t> drawPosition();
 // is past the stream's end.
 void setDrawPosition(int64_t step, int64_t position);
 
-// Whether the next draw replays one (its kernel's arguments are then needed).
-bool replayingDraws();
-
 // After a random op's Lazy kernel ran (its outputs on `stack` from
-// `first_output`; `inputs`: its arguments, given while replaying): while
-// replaying, replaces its outputs by the stream's draw at the position
-// (native_dropout's output computed again from its input and the replayed
-// mask where `drawn_in_glue`: not fast_rng's) and returns true (raises if that draw was another op or of other
-// shapes); otherwise appends the draw and returns false.
-bool streamDraw(const c10::OperatorHandle& op, const std::vector<c10::IValue>& inputs, torch::jit::Stack* stack,
-                size_t first_output, bool drawn_in_glue);
+// `first_output`): while replaying, replaces its outputs by the stream's
+// draw at the position and returns true (raises if that draw was another
+// op or of other shapes); otherwise appends the draw and returns false.
+bool streamDraw(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first_output);
 
 // A sync of every live tensor mid-step (a value read, value_reads.h) is
 // about to run: each draw it will run gets a live tensor of its own, so
