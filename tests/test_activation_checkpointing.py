@@ -97,6 +97,7 @@ def test_a_value_read_before_the_backward_keeps_the_forwards_draws(lazy_level):
     for lazy_step, eager_step in zip(grads, eager[1]):
         for g, e in zip(lazy_step, eager_step):
             torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
+    assert_compiled()
 
 
 def test_rewinding_the_lazy_state_draws_the_same_numbers_again(lazy_level):
@@ -146,6 +147,7 @@ def test_fast_rng_recompute_uses_the_forwards_mask(lazy_level):
             weight.grad = None
             assert 0 < (y_cpu == 0).sum() < y_cpu.numel()
             torch.testing.assert_close(grad, y_cpu, rtol=0, atol=0)  # the kept elements' 1 / 0.7, the rest 0
+        assert_compiled()  # the draws in the generated code
     finally:
         lazy_mlir.init(lazy_level)
 

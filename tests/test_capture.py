@@ -636,6 +636,7 @@ def test_an_output_the_loss_leaves_out_gives_none_gradients(lazy_level):
             if device == LAZY:
                 torch._lazy.mark_step()
                 assert metrics.snapshot()["captured_direct_calls"] == 1, metrics.report()
+                assert_compiled()
         with torch.no_grad():
             runs[device.type] = {n: p.cpu() for n, p in model.named_parameters()}
     for name, p in runs["cpu"].items():
