@@ -3,6 +3,7 @@
 #include <torch/csrc/jit/passes/utils/subgraph_utils.h>
 
 #include "draw_order.h"
+#include "dropout_masks.h"
 #include "layer_regions.h"
 
 #include <map>
@@ -234,6 +235,33 @@ void GraphClusterer::mergeRegionsAcrossScalars(std::unordered_map<Node*, int64_t
   }
 }
 
+// Moves each compilable node from the earliest depth its inputs allow to
+// the latest its readers allow: the group of its first reader, or for a
+// node read by a glue node, the last group before that node. Computed early,
+// a value that is read only at the end (a checkpointed layer's recompute,
+// whose inputs were ready in the forward) would be an output of a forward
+// group, held across the step; a random draw in the glue (eager's masks)
+// reads nothing computed, so the groups between draws merge into one after
+// them. Glue nodes keep their depth, so the groups stay acyclic. A node the
+// graph only returns joins the last group.
+void GraphClusterer::placeLate(std::unordered_map<Node*, int>& depth) const {
+  int last = 0;
+  for (Node* n : graph_->nodes()) {
+    if (class_.at(n) != NodeClass::kNotCompilable) last = std::max(last, depth[n]);
+  }
+  std::unordered_map<Node*, std::vector<Node*>> readers;
+  for (Node* n : graph_->nodes()) {
+    for (Node* p : predecessors(n)) readers[p].push_back(n);
+  }
+  for (auto it = graph_->nodes().rbegin(); it != graph_->nodes().rend(); ++it) {
+    Node* n = *it;
+    if (class_.at(n) == NodeClass::kNotCompilable) continue;
+    int latest = last;
+    for (Node* r : readers[n]) latest = std::min(latest, depth[r]);
+    depth[n] = latest;
+  }
+}
+
 void GraphClusterer::assignGroups(bool by_layer) {
   std::unordered_map<Node*, int64_t> region = takeRegions();
   // Barrier depth of every node, in topological (graph) order.
@@ -245,6 +273,7 @@ void GraphClusterer::assignGroups(bool by_layer) {
     }
     depth[n] = d;
   }
+  placeLate(depth);
   // Compute nodes join the group of their depth (and layer region);
   // plumbing (one use each after splitting) joins its consumer's group,
   // resolved from the end backwards.
@@ -341,6 +370,7 @@ std::vector<Node*> GraphClusterer::buildGroups() {
 }
 
 std::vector<Node*> GraphClusterer::run() {
+  splitDropoutMasks(*graph_, [this](Node* n) { return classify_(n) == NodeClass::kNotCompilable; });
   forwardCopiesOfInputs();
   classifyNodes();
   keepSmallRootsInGlue();

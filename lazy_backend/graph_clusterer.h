@@ -5,8 +5,9 @@
 // consumer's group, so scalar arguments never split groups.
 //
 // LTC graphs are functional DAGs, so we partition by "barrier depth": the
-// largest number of non-compilable nodes on any path from the inputs. All
-// compilable nodes of one depth form one group. A path from a group back to
+// largest number of non-compilable nodes on any path from the inputs; a
+// compilable node then moves as late as its readers allow. All compilable
+// nodes of one depth form one group. A path from a group back to
 // itself would cross a non-compilable node and so raise the depth, hence the
 // groups can never form a cycle, and each group is as large as it can be.
 // Random draws left in the graph keep their order (draw_order.h): each counts
@@ -71,6 +72,7 @@ class GraphClusterer {
   std::vector<torch::jit::Node*> predecessors(torch::jit::Node* n) const;
   std::unordered_map<torch::jit::Node*, int64_t> takeRegions();
   void mergeRegionsAcrossScalars(std::unordered_map<torch::jit::Node*, int64_t>& region) const;
+  void placeLate(std::unordered_map<torch::jit::Node*, int>& depth) const;
   void assignGroups(bool by_layer);
   void orderNodesByGroup();
   std::vector<torch::jit::Node*> buildGroups();

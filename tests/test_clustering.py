@@ -51,7 +51,7 @@ def test_everything_compilable_is_one_group():
     assert [k for k in _kinds(g) if k != "prim::Constant"] == ["prim::FusionGroup"]
 
 
-def test_independent_chains_at_the_same_depth_share_a_group(deny_tanh):
+def test_a_node_is_placed_in_the_group_of_its_reader(deny_tanh):
     g = torch._C.parse_ir("""
 graph(%x : Tensor, %y : Tensor):
   %a : Tensor = aten::sin(%x)
@@ -60,7 +60,9 @@ graph(%x : Tensor, %y : Tensor):
   %d : Tensor = aten::mul(%c, %b)
   return (%d)
 """)
-    assert _C.cluster(g) == 2  # {sin, cos} before tanh, {mul} after
+    assert _C.cluster(g) == 2
+    # cos is placed with its reader, after tanh: {sin} before it, {cos, mul} after
+    assert _glue_and_group_kinds(g) == (["aten::tanh"], [["aten::sin"], ["aten::cos", "aten::mul"]])
     g.lint()
 
 
