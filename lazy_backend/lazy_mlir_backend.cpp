@@ -10,6 +10,7 @@
 #include "dead_draws.h"
 #include "device_data_pool.h"
 #include "draw_order.h"
+#include "dropout_masks.h"
 #include "graph_clusterer.h"
 #include "group_binder.h"
 #include "layer_regions.h"
@@ -160,7 +161,8 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
   // lowering, mark_step's, on every node). Nodes whose results are small
   // get kSmallResultAttribute: TorchScript graphs carry no sizes, and the
   // clusterer keeps small roots in the glue (graph_clusterer.h). Nodes of a
-  // marked layer get its region (layer_regions.h).
+  // marked layer get its region (layer_regions.h). Dropouts get their sizes
+  // (dropout_masks.h).
   static const auto source = c10::Symbol::attr("source");
   static const auto small = c10::Symbol::attr(kSmallResultAttribute);
   static const auto layer_region = c10::Symbol::attr(kRegionAttribute);
@@ -178,6 +180,7 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
       torch::jit::Node* lowered = value->node();
       if (frame && lowered->hasAttribute(source)) lowered->s_(source, where);
       if (region >= 0 && lowered->kind() != torch::jit::prim::Param) lowered->i_(layer_region, region);
+      if (i == 0) tagDropout(*node, lowered, ts_->EagerFallbackDeviceType());
       // (some nodes, ZeRO's collectives among them, carry no shapes)
       if (lowered->kind() != torch::jit::prim::Param && lowered->outputs().size() == 1 &&
           i < node->shapes().size() && node->shape(i).numel() <= kSmallResultElements) {

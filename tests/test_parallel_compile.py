@@ -1,13 +1,14 @@
 """A graph's fusion groups compile side by side (``parallel_compile``): its
 first execution runs them in TorchScript, their code is generated at its end,
 here and in a worker process; every step equals eager, and nothing compiles
-twice. The zoo's dropout models (tests/models) do the same on HF models."""
+twice. (Several groups a step: helpers.StochasticMLP's draws read computed
+values.)"""
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lazy_mlir import compile_cache, executables, metrics, parallel_compile, portable_graph
-from helpers import LAZY, DropoutMLP, assert_same_training, sgd, train
+from helpers import LAZY, StochasticMLP, assert_same_training, sgd, train
 from test_compile_cache import _hand_groups_over_again
 
 CPU = torch.device("cpu")
@@ -15,7 +16,7 @@ CPU = torch.device("cpu")
 
 def make_model():
     torch.manual_seed(0)
-    return DropoutMLP().double()
+    return StochasticMLP().double()
 
 
 def batches(steps=3):
@@ -25,7 +26,7 @@ def batches(steps=3):
 
 
 def run(device, snapshots=None):
-    torch.manual_seed(123)  # the same dropout masks in both runs
+    torch.manual_seed(123)  # the same draws in both runs
     after = (lambda i: snapshots.append(metrics.snapshot())) if snapshots is not None else None
     return train(make_model, sgd, batches(), device, after_step=after)
 

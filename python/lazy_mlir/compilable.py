@@ -29,6 +29,7 @@ RANDOM_OPS = {
     "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like", "aten::randperm",
     "aten::normal", "aten::normal_functional", "aten::uniform", "aten::multinomial", "aten::exponential",
     "aten::geometric", "aten::cauchy", "aten::log_normal", "aten::random",
+    "lazy_mlir::dropout_mask",  # eager's dropout mask, split from its product (lazy_backend/dropout_masks.h)
 }
 # Inductor generates grouped products (MoE experts) for CUDA bfloat16 only,
 # and aten's Meta kernel refuses other dtypes: aten's kernel runs in the glue.

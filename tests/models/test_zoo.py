@@ -92,7 +92,7 @@ def max_diffs(a: training.Run, b: training.Run) -> tuple[float, float]:
 _runs: dict[tuple, tuple] = {}  # one eager and one lazy run per (variant, shapes), shared by the tests
 
 
-# A dropout step's groups (dropout stays in TorchScript) compile side by side (parallel_compile)
+# A step of several groups compiles them side by side (parallel_compile)
 O1_OPTIONS = dict(compile_workers=1)
 
 
@@ -160,11 +160,9 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
         assert s["compiled_group_calls"] + interpreted == s["group_calls"] >= s["mark_steps"], report
         assert interpreted == 0 or (s["cache_misses"] > 0 and s["groups_per_graph"] and
                                     interpreted <= sum(s["groups_per_graph"].values())), report
-    if v.dropout:  # several groups: the first step's compiles waited for its end, to run side by side
+    if v.dropout:  # eager's masks are drawn in the glue ahead of the step's one group (dropout_masks.h)
         warmup = lazy.phases["warmup"]
-        assert warmup["interpreted_group_calls"] > 0, lazy.reports["warmup"]
-        # ... for the layouts the groups get from generated code: none compiled again
-        assert warmup["group_cache_misses"] <= warmup["groups_built"], lazy.reports["warmup"]
+        assert set(warmup["groups_per_graph"].values()) == {1}, lazy.reports["warmup"]
     if shapes and v.model in SHAPE_GENERIC_AT_SECOND_LENGTH:
         length = lazy.phases["length"]
         assert length["generic_compiles"] + length["generic_hits"] > 0, lazy.reports["length"]
@@ -185,9 +183,9 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
 
 def assert_later_graph_reused_the_groups(warmup: dict, report: str) -> None:
     """No group of warm-up's second graph compiled or came from the cache
-    folder: each took the first graph's code from memory (a dropout step's
-    last groups adapt their inputs' layouts to code compiled while the
-    first ran in TorchScript, executables._layout_guesses)."""
+    folder: each took the first graph's code from memory (in a step of
+    several groups, the last groups adapt their inputs' layouts to code
+    compiled while the first ran in TorchScript, executables._layout_guesses)."""
     graphs = sorted(warmup["groups_per_graph"], key=lambda g: int(g.removeprefix("graph")))
     assert len(graphs) == 2, report
     first = warmup["groups_per_graph"][graphs[0]]
