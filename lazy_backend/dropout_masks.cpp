@@ -41,8 +41,11 @@ TORCH_LIBRARY_FRAGMENT(lazy_mlir, m) {
 }  // namespace
 
 void tagDropout(const torch::lazy::Node& node, torch::jit::Node* lowered, c10::DeviceType glue_device) {
-  if (node.op().op != kNativeDropout || lowered->kind() != kNativeDropout || node.shapes().empty()) return;
-  const torch::lazy::Shape& shape = node.shape(0);
+  if (node.op().op == kNativeDropout && !node.shapes().empty()) tagDropout(lowered, node.shape(0), glue_device);
+}
+
+void tagDropout(torch::jit::Node* lowered, const torch::lazy::Shape& shape, c10::DeviceType glue_device) {
+  if (lowered->kind() != kNativeDropout) return;
   lowered->is_(kSizes, shape.sizes().vec());
   lowered->i_(kDtype, static_cast<int64_t>(shape.scalar_type()));
   lowered->s_(kDevice, c10::Device(glue_device).str());

@@ -25,9 +25,12 @@
 
 namespace lazy_mlir {
 
-// Tags a lowered aten::native_dropout with its activation's sizes, dtype
-// and the device the glue runs on; any other node is left alone.
+// Tags a lowered aten::native_dropout with its activation's sizes and
+// dtype (`shape`, its first output's) and the device the glue runs on; any
+// other node is left alone. The first form takes the shape from an LTC
+// native_dropout node; a captured region (region_node.h) records its own.
 void tagDropout(const torch::lazy::Node& node, torch::jit::Node* lowered, c10::DeviceType glue_device);
+void tagDropout(torch::jit::Node* lowered, const torch::lazy::Shape& shape, c10::DeviceType glue_device);
 
 // Splits every tagged native_dropout that `in_glue` says stays in the glue
 // (and runs in training mode) into a mask draw and its multiplication;

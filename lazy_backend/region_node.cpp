@@ -1,6 +1,7 @@
 #include "region_node.h"
 
 #include "draw_order.h"
+#include "dropout_masks.h"
 #include "leaf_grads.h"
 
 #include <ATen/FunctionalTensorWrapper.h>
@@ -36,6 +37,7 @@ torch::lazy::TSOpVector RegionNode::Lower(std::shared_ptr<torch::jit::GraphFunct
                                     [&](size_t index) { return values.at(index); });
     TORCH_CHECK(outputs.size() == op.num_outputs, "lazy_mlir: region ", region_->name, ": ",
                 op.op.toQualString(), " lowered to ", outputs.size(), " values, recorded ", op.num_outputs);
+    if (op.shape) tagDropout(outputs.at(0)->node(), *op.shape, torch::lazy::getBackend()->EagerFallbackDeviceType());
     values.insert(values.end(), outputs.begin(), outputs.end());
   }
   torch::lazy::TSOpVector results;
@@ -80,6 +82,11 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
     op.list_sizes = entry[3].cast<std::vector<int64_t>>();
     op.num_outputs = entry[4].cast<size_t>();
     hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(qualified_name + "." + overload));
+    if (entry.size() > 5 && !entry[5].is_none()) {
+      auto [dtype, sizes] = entry[5].cast<std::pair<at::ScalarType, std::vector<int64_t>>>();
+      op.shape = torch::lazy::Shape(dtype, sizes);
+      hash = torch::lazy::HashCombine(hash, op.shape->hash(/*bakeInSizes=*/true));
+    }
     for (size_t i = 0; i < args.size(); ++i) {
       const auto& formal = schema.arguments()[i];
       auto arg = args[i].cast<pybind11::tuple>();

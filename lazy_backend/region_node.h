@@ -26,6 +26,7 @@ struct RegionOp {
   std::vector<BuiltinOpNode::Argument> arguments;
   std::vector<int64_t> list_sizes;  // as for BuiltinOpNode
   size_t num_outputs = 0;
+  std::optional<torch::lazy::Shape> shape;  // its first output's, where the lowering needs it (native_dropout)
 };
 
 struct Region {

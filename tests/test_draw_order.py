@@ -151,10 +151,12 @@ def test_the_glue_mask_draw_is_native_dropouts(dtype):
         assert torch.equal(product, out)
 
 
-def test_a_dropout_in_the_glue_does_not_cut_the_step():
+@pytest.mark.parametrize("captured", [False, True], ids=["traced", "captured"])
+def test_a_dropout_in_the_glue_does_not_cut_the_step(captured):
     """With eager's masks each dropout runs in the glue; split from its
     product, only the mask draw is there, and the step (forward, backward,
-    update) is one group of generated code with eager's masks."""
+    update) is one group of generated code with eager's masks. The same
+    for a captured model (its region records the dropout's sizes)."""
     lazy_mlir.init("O1")
 
     def train(device):
@@ -163,9 +165,10 @@ def test_a_dropout_in_the_glue_does_not_cut_the_step():
                                     torch.nn.Linear(32, 32), torch.nn.Dropout(0.25), torch.nn.Linear(32, 1))
         model = model.double().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        forward = lazy_mlir.capture(model) if captured and device.type == "lazy" else model
         x = torch.linspace(-2, 2, 16 * 24, dtype=torch.float64).reshape(16, 24).to(device)
         for _ in range(2):
-            loss = model(x).square().mean()
+            loss = forward(x).square().mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -180,4 +183,5 @@ def test_a_dropout_in_the_glue_does_not_cut_the_step():
     for a, b in zip(lazy, eager):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert s["groups_built"] == 1 and s["graph_executions"] == 2, metrics.report()
+    assert s["captured_calls"] == (2 if captured else 0), metrics.report()
     assert_compiled(s, calls=2)

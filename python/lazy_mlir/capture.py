@@ -196,8 +196,10 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             returns.append(count if n < 0 else list(range(count, count + n)))
             count += 1 if n < 0 else n
         values[node] = returns[0] if len(sizes) == 1 else returns
+        # native_dropout's lowering needs its sizes (lazy_backend/dropout_masks.h)
+        val = node.meta["val"][0] if op is torch.ops.aten.native_dropout.default else None
         ops.append((op._schema.name, op._overloadname, arguments, sizes if any(n >= 0 for n in sizes) else [],
-                    sum(1 if n < 0 else n for n in sizes)))
+                    sum(1 if n < 0 else n for n in sizes), None if val is None else (val.dtype, list(val.shape))))
 
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
