@@ -102,6 +102,28 @@ def test_gpt_adamw_matches_eager_on_the_gpu(on_cuda):
                          atol=1e-11, param_atol=1e-9)
 
 
+class _DropoutMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.fc2(torch.nn.functional.dropout(self.fc1(x).relu(), 0.3)), y)
+
+
+@pytest.mark.parametrize("on_cuda", ["O1"], indirect=True)  # at O2 the glue's draws are refused
+def test_dropout_draws_eager_cudas_masks(on_cuda):
+    """With eager's stream each mask is drawn in the glue by aten's CUDA
+    kernel on the GPU's generator (lazy_mlir::dropout_mask,
+    lazy_backend/dropout_masks.h; the product in the step's one group):
+    eager CUDA's masks, draw for draw."""
+    batches = [(x.double(), y) for x, y in mlp_batches()]
+    eager = train(fp64(_DropoutMLP), sgd, batches, CUDA)  # the model's init seeds every generator
+    assert_same_training(eager, lazy_train(on_cuda, fp64(_DropoutMLP), sgd, batches), rtol=1e-9, atol=1e-11)
+    assert metrics.snapshot()["groups_built"] == 1, metrics.report()
+
+
 @pytest.mark.parametrize("capture", [False, True], ids=["traced", "captured"])
 @pytest.mark.parametrize("name", ["gpt2", "resnet"])
 def test_zoo_model_matches_eager_on_the_gpu(on_cuda, name, capture):
