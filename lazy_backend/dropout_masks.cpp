@@ -59,12 +59,13 @@ void splitDropoutMasks(torch::jit::Graph& graph, const std::function<bool(torch:
     if (n->kind() == kNativeDropout && n->hasAttribute(kSizes)) dropouts.push_back(n);
   }
   for (torch::jit::Node* n : dropouts) {
-    if (!in_glue(n) || !training(n->input(2))) {
+    const auto probability = torch::jit::toIValue(n->input(1));
+    if (!in_glue(n) || !training(n->input(2)) || !probability) {  // (LTC's p is a constant)
       untag(n);
       continue;
     }
     torch::jit::WithInsertPoint here(n);
-    const double p = torch::jit::toIValue(n->input(1))->toDouble();
+    const double p = probability->toDouble();
     torch::jit::Value* sizes = graph.insertConstant(n->is(kSizes));
     torch::jit::Value* dtype = graph.insertConstant(n->i(kDtype));
     torch::jit::Value* device = graph.insertConstant(c10::Device(n->s(kDevice)));

@@ -160,7 +160,7 @@ def test_one_compiled_graph_per_step(lazy_o1, v, shapes):
         assert s["compiled_group_calls"] + interpreted == s["group_calls"] >= s["mark_steps"], report
         assert interpreted == 0 or (s["cache_misses"] > 0 and s["groups_per_graph"] and
                                     interpreted <= sum(s["groups_per_graph"].values())), report
-    if v.dropout:  # eager's masks are drawn in the glue ahead of the step's one group (dropout_masks.h)
+    if v.dropout and (v, shapes) in DEFAULT:  # eager's masks drawn in the glue ahead of the one group (dropout_masks.h)
         warmup = lazy.phases["warmup"]
         assert set(warmup["groups_per_graph"].values()) == {1}, lazy.reports["warmup"]
     if shapes and v.model in SHAPE_GENERIC_AT_SECOND_LENGTH:
