@@ -34,6 +34,9 @@ def test_explain_finds_the_simplest_expression():
     t, b = ((0, 1), [8, 16]), ((0, 0), [2, 3])
     assert explain([8, 16], [t]) == SizeExpr(((0, 1),))
     assert explain([14, 30], [t]) == SizeExpr(((0, 1),), scale=2, offset=-2)  # (T-1)*B, B=2 static
+    # ... also where T is two inputs' dims (an attention mask's T x T): T*T//12 + 9
+    # fits 8 -> 14 and 16 -> 30 too, but not T = 12 (22)
+    assert explain([14, 30], [t, ((1, 3), [8, 16])]) == SizeExpr(((0, 1),), scale=2, offset=-2)
     assert explain([4, 8], [t]) == SizeExpr(((0, 1),), divisor=2)
     assert explain([16, 48], [b, t]) == SizeExpr(((0, 0), (0, 1)))  # B*T, both changed
     # every observation must fit: 8->8, 12->12 fits s, but not 20->14

@@ -100,20 +100,22 @@ def explain(values: list[int], sizes: list[tuple[tuple[int, int], list[int]]]) -
     multiple or an exact quotient of one size or of a product of two or
     three (``B*T``; ``B*H*W//16``, a CNN's pixels flattened), else a ceiling quotient of one size (``(s+7)//8``: three
     padded stride-2 convolutions, which two sizes divisible by 8 read as
-    ``s//8`` and a third size tells apart), else a quotient plus a
-    constant (``H*W//256 + 1``: a ViT's patches and its class token), else
-    an integer affine function
-    of one size (``2*s - 2``: a shifted sequence flattened with its batch
-    of 2), else one size times an affine function of another (``B*(T-1)``,
-    the batch varying too). It must fit every observation; two always fit
-    some affine function, so whether it holds at a new size is checked there
-    (``GenericGroup.admits``)."""
+    ``s//8`` and a third size tells apart), else a quotient of one size
+    plus a constant, else an integer affine function of one size (``2*s -
+    2``: a shifted sequence flattened with its batch of 2), else a quotient
+    of a product plus a constant (``H*W//256 + 1``: a ViT's patches and its
+    class token; after the affine, which a square image's two sizes fit
+    with an integer slope only by chance, while ``L*L//12 + 9`` fits GPT-2's
+    ``2*L - 2`` at L = 8 and 16 and not at 12), else one size times an affine
+    function of another (``B*(T-1)``, the batch varying too). It must fit
+    every observation; two always fit some affine function, so whether it
+    holds at a new size is checked there (``GenericGroup.admits``)."""
     singles = [((dim,), seen) for dim, seen in sizes]
     products = [(tuple(dim for dim, _ in group), [math.prod(values) for values in zip(*(seen for _, seen in group))])
                 for n in (2, 3) for group in itertools.combinations(sizes, n)]
     tries = [(_multiple, base) for base in singles + products] + [(_quotient, base) for base in singles + products]
-    tries += [(_ceiling_quotient, base) for base in singles] + [(_offset_quotient, base) for base in singles + products]
-    tries += [(_affine, base) for base in singles]
+    tries += [(_ceiling_quotient, base) for base in singles] + [(_offset_quotient, base) for base in singles]
+    tries += [(_affine, base) for base in singles] + [(_offset_quotient, base) for base in products]
     # per observation, {input: {dim: size}} for the varying sizes: indexed as SizeExpr.value's shapes
     observations = [{} for _ in values]
     for (i, d), seen in sizes:
