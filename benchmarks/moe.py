@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import lazy_mlir
 from lazy_mlir import metrics
-from taking_turns import run_in_turns, timed_row
+from taking_turns import finish_step, run_in_turns, timed_row
 
 LAZY = torch.device("lazy")
 
@@ -67,8 +67,7 @@ class Variant:
         self.seconds, self.losses, self.per_step = [], [], []
 
     def step(self, batch, timed: bool) -> None:
-        lazy = self.device == LAZY
-        if lazy:
+        if self.device == LAZY:
             lazy_mlir.init("O1", moe_eager_grads=self.eager_grads)
             metrics.reset()
         ids, labels = (t.to(self.device) for t in batch)
@@ -76,16 +75,7 @@ class Variant:
         decoder_ids = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)
         logits = self.forward(input_ids=ids, decoder_input_ids=decoder_ids).logits
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad()
-        if lazy:
-            torch._lazy.mark_step()
-        self.losses.append(loss.item())  # after mark_step: reads data
-        if timed:
-            self.seconds.append(time.perf_counter() - start)
-            if lazy:
-                self.per_step.append(metrics.snapshot())
+        finish_step(self, loss, start, timed)
 
 
 def main() -> None:

@@ -1,13 +1,18 @@
 """Variants of one training step timed side by side in one process: each
 warms up, then they take turns of a few timed steps on the same batches
 (separate processes drift 10-30% apart on these machines). A variant has
-``name`` and ``step(batch, timed)``, which records its own times."""
+``name`` and ``step(batch, timed)``, which records its own times
+(``finish_step``: its ``device``, ``opt``, ``losses``, ``seconds`` and
+``per_step``)."""
 from __future__ import annotations
 
 import statistics
 import sys
 import time
 
+import torch
+
+from lazy_mlir import metrics
 from lazy_step import not_compiled
 
 
@@ -26,6 +31,24 @@ def run_in_turns(variants, data: list, warmup: int, steps: int, turn: int) -> No
             for i in range(done, done + n):
                 variant.step(data[(warmup + i) % len(data)], timed=True)
         done += n
+
+
+def finish_step(variant, loss, start: float, timed: bool) -> None:
+    """A training step after its loss: the backward, the optimizer's step,
+    mark_step on the lazy device, the loss read; for a timed step its time
+    since ``start`` (and a lazy variant's metrics: ``metrics.reset()`` at the
+    step's start is the caller's)."""
+    lazy = variant.device.type == "lazy"
+    loss.backward()
+    variant.opt.step()
+    variant.opt.zero_grad()
+    if lazy:
+        torch._lazy.mark_step()
+    variant.losses.append(loss.item())  # after mark_step: reads data
+    if timed:
+        variant.seconds.append(time.perf_counter() - start)
+        if lazy:
+            variant.per_step.append(metrics.snapshot())
 
 
 def first_failure(snapshots: list[dict]) -> str | None:
