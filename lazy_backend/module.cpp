@@ -25,6 +25,7 @@
 #include "safe_softmax_kernel.h"
 #include "kernel_fronts.h"
 #include "layer_regions.h"
+#include "lazy_autocast.h"
 #include "leaf_grads.h"
 #include "meta_kernels.h"
 #include "optimizer_checks.h"
@@ -151,6 +152,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_composite_direct", &lazy_mlir::setCompositeDirect, py::arg("qualified_name"), py::arg("direct"));
   m.def("inside_direct_composite", &lazy_mlir::insideDirectComposite,
         "Whether this thread runs a composite kernel that a C++ front called directly.");
+  m.def("register_lazy_autocast", &lazy_mlir::registerLazyAutocast, py::arg("policies"),
+        "Cast kernels for torch.autocast(\"lazy\") (lazy_autocast.h).");
+  m.def("set_lazy_autocast_enabled", &lazy_mlir::setLazyAutocastEnabled, py::arg("enabled"));
+  m.def("lazy_autocast_enabled", &lazy_mlir::lazyAutocastEnabled);
+  m.def("set_lazy_autocast_dtype", &lazy_mlir::setLazyAutocastDtype, py::arg("dtype"));
+  m.def("lazy_autocast_dtype", &lazy_mlir::lazyAutocastDtype);
+  m.def("set_lazy_autocast_default_dtype", &lazy_mlir::setLazyAutocastDefaultDtype, py::arg("dtype"));
   m.def("register_safe_softmax_kernel", &lazy_mlir::registerSafeSoftmaxKernel,
         "A Lazy kernel for _safe_softmax ending in the functional where (see safe_softmax_kernel.h).");
   m.def("register_value_read_kernels", &lazy_mlir::registerValueReadKernels,

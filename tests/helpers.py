@@ -1,6 +1,9 @@
 """Shared test helpers: the same training loop run eagerly and on the lazy device."""
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -206,3 +209,32 @@ def train_token_batches(model, shapes, device):
         losses.append(loss.item())
     with torch.no_grad():  # p.detach() would trace a graph per parameter
         return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots
+
+
+def zoo_autocast_training(name, device, dtype=torch.bfloat16, steps=3, capture=False):
+    """Losses, module output dtypes (in call order) and per-step metrics of
+    ``steps`` AdamW steps of a float32 zoo model under ``dtype`` autocast."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+    import zoo
+
+    v = zoo.base_variant(name)
+    model = zoo.make_model(v, dtype=torch.float32).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dtypes = []
+    for module_name, module in model.named_modules():
+        module.register_forward_hook(
+            lambda m, i, out, n=module_name: dtypes.append((n, out.dtype)) if isinstance(out, torch.Tensor) else None)
+    forward = lazy_mlir.capture(model) if capture else model
+    losses, snapshots = [], []
+    for batch in zoo.batches(v, steps, dtype=torch.float32)[:steps]:
+        metrics.reset()
+        with torch.autocast(device.type, dtype=dtype):
+            loss = zoo.SPECS[name].loss(forward, *(t.to(device) for t in batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == LAZY:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+    return losses, dtypes, snapshots

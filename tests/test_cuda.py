@@ -14,7 +14,7 @@ import torch
 import lazy_mlir
 from lazy_mlir import executables, metrics
 from helpers import (LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd,
-                     small_gpt, small_gpt_batches, train)
+                     small_gpt, small_gpt_batches, train, zoo_autocast_training)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -149,4 +149,23 @@ def test_zoo_model_matches_eager_on_the_gpu(on_cuda, name, capture):
         assert_replayed(s, some=phase == "steady")
         if capture:
             assert s["capture_refused"] == 0 and s["captured_calls"] == s["mark_steps"], lazy.reports[phase]
+    assert on_cuda == {"cuda"}, on_cuda
+
+
+@pytest.mark.parametrize("on_cuda", ["O1"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_casts_as_cuda_autocast(on_cuda, dtype):
+    """torch.autocast("lazy") behind a GPU casts by CUDA's policy (softmax,
+    layer norm and the loss in float32; float16 by default): the zoo's HF
+    GPT-2 gives eager CUDA autocast's dtype out of every module, and its
+    losses within the lower precision's rounding."""
+    with torch.autocast("lazy"):
+        assert torch.get_autocast_dtype("lazy") == torch.float16
+    eager_losses, eager_dtypes, _ = zoo_autocast_training("gpt2", CUDA, dtype)
+    losses, dtypes, snapshots = zoo_autocast_training("gpt2", LAZY, dtype)
+    assert dtypes == eager_dtypes
+    torch.testing.assert_close(losses, eager_losses, rtol=5e-3, atol=0)
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
     assert on_cuda == {"cuda"}, on_cuda

@@ -25,7 +25,7 @@ import torch._lazy.ts_backend
 # lazy_mlir.zero (torch.distributed, MLIR) on first use, and init() imports
 # the runtime (fused_optimizer, group_compiler), so that a process that only
 # imports lazy_mlir (an eager baseline reading lazy_mlir.models) loads none.
-from . import background, compilable, config, device_module, dump, lazy_kernels, metrics, module_ties
+from . import autocast, background, compilable, config, device_module, dump, lazy_kernels, metrics, module_ties
 from . import moe_experts, steady_state, step_errors
 from . import syncs, transformers_compat
 from . import _C
@@ -58,6 +58,7 @@ def init(level: str = "O1", **options) -> config.Config:
     # unused draws run too, as in eager; fast_rng's draws follow no eager stream
     _C.keep_dead_draws(not cfg.fast_rng)
     device_module.install()  # torch.lazy: checkpointing's recompute draws the forward's numbers again
+    autocast.install(cfg.device)  # torch.autocast("lazy"), with the backing device's cast policy
     _C.set_ltc_ir_debug(True)  # LTC calls the frame function only in IR-debug mode
     lazy_kernels.install()
     module_ties.install()

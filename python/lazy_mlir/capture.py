@@ -44,7 +44,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import _C, metrics, syncs, transformers_compat
+from . import _C, autocast, metrics, syncs, transformers_compat
 
 
 class CaptureError(RuntimeError):
@@ -416,7 +416,7 @@ def recording() -> bool:
 # shape-generic compile path still covers it, instead of recording anew.
 RECORD_LIMIT = 8
 _KEY_PARTS = ("argument structure", "argument dtypes/shapes/values", "parameters and buffers",
-              "their dtypes/shapes/requires_grad", "train/eval", "grad mode")
+              "their dtypes/shapes/requires_grad", "train/eval", "grad mode", "autocast")
 
 
 def _key_change(key: tuple, records: dict) -> str:
@@ -508,7 +508,7 @@ class CapturedForward:
             return self.original(*args, **kwargs)
         mode = module.mode() if isinstance(module, CapturedFunction) else module.training
         key = (spec, tuple(_signature(x) for x in leaves), self.state.identity, state_signature, mode,
-               torch.is_grad_enabled())
+               torch.is_grad_enabled(), autocast.state())
         if self.refused and key in self.refused:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)

@@ -1,0 +1,203 @@
+"""``torch.autocast("lazy")``: mixed precision on the lazy device, cast by
+torch's own policy for the device behind it (python/lazy_mlir/autocast.py,
+lazy_backend/lazy_autocast.h). Checked against eager CPU autocast: the
+same dtype out of every module, losses within bfloat16's rounding, and one
+compiled graph a step."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lazy_mlir import autocast, metrics
+from helpers import CPU, LAZY, assert_compiled, zoo_autocast_training
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+
+
+def test_the_policy_tables_are_torchs():
+    """Each table names exactly the ops torch casts on that device: a
+    torch upgrade that adds or drops one fails here."""
+    for table, key in ((autocast.CPU_POLICIES, "AutocastCPU"), (autocast.CUDA_POLICIES, "AutocastCUDA")):
+        assert set(table) == set(torch._C._dispatch_get_registrations_for_dispatch_key(key)), key
+
+
+def _policy_cases(device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=g).to(device)
+    w = torch.randn(6, 8, generator=g).to(device)
+    img = torch.randn(2, 3, 8, 8, generator=g).to(device)
+    kernel = torch.randn(4, 3, 3, 3, generator=g).to(device)
+    q = torch.randn(2, 2, 5, 8, generator=g).to(device)
+    target = torch.tensor([0, 1, 2, 3]).to(device)
+    x64 = x.double()
+    return {
+        "linear": lambda: F.linear(x, w),
+        "matmul": lambda: x @ w.t(),
+        "bmm": lambda: torch.bmm(q[0], q[1].transpose(1, 2)),
+        "addmm": lambda: torch.addmm(w[:4, :4], x, w.t()[:, :4]),
+        "conv2d": lambda: F.conv2d(img, kernel, padding=1),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+        "cross_entropy": lambda: F.cross_entropy(F.linear(x, w), target),  # fp32 on a bf16 input
+        "mse_loss": lambda: F.mse_loss(F.linear(x, w), F.linear(x, w).detach() + 1),
+        "softmax (no policy on CPU)": lambda: torch.softmax(F.linear(x, w), -1),
+        "layer_norm (no policy on CPU)": lambda: F.layer_norm(F.linear(x, w), (6,)),
+        "cat (promote)": lambda: torch.cat([F.linear(x, w), x[:, :6]]),
+        "stack (promote, all bf16)": lambda: torch.stack([F.linear(x, w), F.linear(x, w)]),
+        "float64 untouched": lambda: x64 @ x64.t(),
+        "prod (fp32)": lambda: F.linear(x, w).prod(-1),
+    }
+
+
+def test_each_cpu_policy_gives_cpu_autocasts_dtype_and_values(lazy_level):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = {name: case() for name, case in _policy_cases(CPU).items()}
+    with torch.autocast("lazy", dtype=torch.bfloat16):
+        lazy = {name: case() for name, case in _policy_cases(LAZY).items()}
+    for name in eager:
+        assert lazy[name].dtype == eager[name].dtype, name
+        torch.testing.assert_close(lazy[name].cpu(), eager[name], rtol=1e-2, atol=1e-2, msg=name)
+    assert {v.dtype for v in eager.values()} == {torch.bfloat16, torch.float32, torch.float64}
+
+
+def test_autocast_state_follows_torchs_context_manager(lazy_level):
+    x = torch.randn(3, 3).to(LAZY)
+    assert not torch.is_autocast_enabled("lazy")
+    assert torch.amp.is_autocast_available("lazy")
+    with torch.autocast("lazy"):  # the backing CPU's default lower precision
+        assert torch.is_autocast_enabled("lazy") and torch.get_autocast_dtype("lazy") == torch.bfloat16
+        assert (x @ x).dtype == torch.bfloat16
+        with torch.autocast("lazy", enabled=False):  # transformers' float32 islands
+            assert not torch.is_autocast_enabled("lazy") and (x @ x).dtype == torch.float32
+        assert (x @ x).dtype == torch.bfloat16
+        assert (x.cpu() @ x.cpu()).dtype == torch.float32  # CPU autocast is another device's
+    with pytest.raises(ValueError):
+        with torch.autocast("lazy", dtype=torch.bfloat16):
+            raise ValueError
+    assert not torch.is_autocast_enabled("lazy") and (x @ x).dtype == torch.float32
+    assert torch.is_autocast_enabled("cpu") is False  # other devices still answered by torch
+    torch._lazy.mark_step()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet", *(pytest.param(n, marks=pytest.mark.zoo_full)
+                                                      for n in ("llama", "bert", "t5", "vit"))])
+def test_a_zoo_model_trains_as_under_cpu_autocast(lazy_level, name):
+    eager_losses, eager_dtypes, _ = zoo_autocast_training(name, CPU)
+    losses, dtypes, snapshots = zoo_autocast_training(name, LAZY)
+    assert dtypes == eager_dtypes  # every module's output, in order
+    assert {d for _, d in dtypes} >= {torch.bfloat16}
+    torch.testing.assert_close(losses, eager_losses, rtol=2e-3, atol=0)  # bfloat16 rounding, fused differently
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
+    assert snapshots[-1]["compiles"] == 0
+
+
+def test_a_captured_model_records_again_when_autocast_changes(lazy_level):
+    traced, _, _ = zoo_autocast_training("gpt2", LAZY, steps=2)
+    captured, _, _ = zoo_autocast_training("gpt2", LAZY, steps=2, capture=True)
+    torch.testing.assert_close(captured, traced, rtol=2e-3, atol=0)
+    import lazy_mlir
+    import zoo
+    v = zoo.base_variant("gpt2")
+    model = lazy_mlir.capture(zoo.make_model(v, dtype=torch.float32).to(LAZY))
+    ids = zoo.batches(v, 1, dtype=torch.float32)[0][0].to(LAZY)
+    metrics.reset()
+    plain = model(input_ids=ids).logits
+    with torch.autocast("lazy", dtype=torch.bfloat16):
+        mixed = model(input_ids=ids).logits
+    assert plain.dtype == torch.float32 and mixed.dtype == torch.bfloat16
+    assert metrics.snapshot()["capture_records"] == 2
+    torch._lazy.mark_step()
+
+
+def _hf_gpt2_upcast():
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32,
+                                     reorder_and_upcast_attn=True, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _hf_training(device, mixed, checkpointing=False, steps=3):
+    model = _hf_gpt2_upcast().to(device).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    losses, snapshots = [], []
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (2, 16), generator=g).to(device)
+        metrics.reset()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device == LAZY:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+    return losses, snapshots
+
+
+@pytest.mark.parametrize("mixed,checkpointing", [(False, False), (True, False), (True, True)],
+                         ids=["float32", "autocast", "autocast-checkpointed"])
+def test_transformers_own_autocast_regions_run(lazy_level, mixed, checkpointing):
+    """GPT-2's reorder_and_upcast_attn turns autocast off around its float32
+    attention (``maybe_autocast(device, enabled=False)``): on the lazy
+    device that raised "unsupported autocast device_type", autocast used or
+    not. Checkpointing's recompute enters the forward's autocast again."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' gradient_checkpointing_enable rename
+        eager, _ = _hf_training(CPU, mixed, checkpointing)
+        lazy, snapshots = _hf_training(LAZY, mixed, checkpointing)
+    torch.testing.assert_close(lazy, eager, rtol=2e-3 if mixed else 1e-6, atol=0)
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
+
+
+_CUDA_POLICY_SCRIPT = textwrap.dedent("""
+    import torch, torch._lazy, torch._lazy.ts_backend
+    import torch.nn.functional as F
+    from lazy_mlir import autocast
+    torch._lazy.ts_backend.init()
+    autocast.install("cuda")  # the GPU's table, on the CPU-backed TorchScript device
+    lazy = torch.device("lazy")
+    x = torch.randn(4, 8, device=lazy)
+    with torch.autocast("lazy"):
+        low = x @ x.t()
+        print("default", torch.get_autocast_dtype("lazy"), low.dtype)
+        print("softmax", torch.softmax(low, -1).dtype, torch.softmax(low, -1, dtype=torch.float16).dtype)
+        print("sum", low.sum().dtype, x.double().sum().dtype)
+        print("norm", low.norm().dtype, low.norm(2, dim=1).dtype, x.double().norm().dtype)
+        print("exp", low.exp().dtype)
+        print("addcmul", torch.addcmul(low, x[:, :4], low).dtype, torch.addcmul(low, low, low).dtype)
+        try:
+            F.binary_cross_entropy(torch.sigmoid(x), torch.ones_like(x))
+        except RuntimeError as error:
+            print("bce", str(error).splitlines()[0])
+""")
+
+
+def test_the_gpu_table_casts_by_its_policies():
+    """The GPU's table has policies the CPU's lacks (an output dtype set,
+    norm's dtype overload, promotion, a refused op): run here on the
+    CPU-backed device, in a process of its own (a process has one table)."""
+    out = subprocess.run([sys.executable, "-c", _CUDA_POLICY_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines.pop("bce").startswith("aten::binary_cross_entropy is unsafe to autocast"), out.stdout
+    assert lines == {
+        "default": "torch.float16 torch.float16",
+        "softmax": "torch.float32 torch.float16",
+        "sum": "torch.float32 torch.float64",
+        "norm": "torch.float32 torch.float32 torch.float64",
+        "exp": "torch.float32",
+        "addcmul": "torch.float32 torch.float16",
+    }, out.stdout
