@@ -13,7 +13,8 @@ and torch.compile run on the device backing lazy_mlir's
 warm-up, ratios to eager and to each torch.compile row, first-step seconds
 (tracing + compiling), and for lazy_mlir graph executions and eager
 fallbacks per step and the step's split into trace / ltc / compile / glue /
-kernels (defined in benchmarks/lazy_step.py). fp32. The zoo's tiny configs
+kernels (defined in benchmarks/lazy_step.py). fp32, or with ``--autocast bf16`` the forward and loss under
+torch.autocast (each row on its own device: "lazy" for lazy_mlir's). The zoo's tiny configs
 (hidden 32, batch 2, the tests' models) by default: per-step overhead
 dominates, as in small-batch steps. ``--size base`` runs the same models at
 4 layers x 256 (FFN 1024, vocabulary 1024), batch 8, 128 tokens (64 x 64
@@ -28,6 +29,7 @@ call), shows FAILED and why instead of a figure, and the script exits 1.
     .venv/bin/python benchmarks/models.py --paired   # per model, the rows take turns in one process
     .venv/bin/python benchmarks/models.py --paired --block 5   # turns of 5 steps, 4 of them timed
     .venv/bin/python benchmarks/models.py --paired --block 5 --size base --steps 12 --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss
+    .venv/bin/python benchmarks/models.py --paired --block 5 --size base --autocast bf16 --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss
 
 Taking turns step by step, each row's step follows another row's, which has
 evicted its caches; a training process runs one model, and ``--block``
@@ -54,11 +56,15 @@ VARIANTS = ["eager", "compile_model", "compile_model_opt", "compile_loss_opt", "
             "lazy_mlir_O1_capture_loss"]
 OPT_COMPILED = ("compile_model_opt", "compile_loss_opt")
 W = 27  # the variant column
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def _make_step(name: str, variant: str, size: str, dropout: float | None = None):
+def _make_step(name: str, variant: str, size: str, dropout: float | None = None, autocast: str | None = None):
     """(step(batch) -> loss value, the model's batches) for one row; lazy_mlir
-    rows initialise the lazy backend (one per process)."""
+    rows initialise the lazy backend (one per process). ``autocast``: the
+    forward and loss under torch.autocast to that dtype (the rows' own device)."""
+    import contextlib
+
     import torch
     sys.path.insert(0, ZOO_DIR)
     import zoo
@@ -88,8 +94,12 @@ def _make_step(name: str, variant: str, size: str, dropout: float | None = None)
         loss_of = lazy_mlir.capture(loss_of, modules=[model])
     opt_step = torch.compile(opt.step) if variant in OPT_COMPILED else opt.step
 
+    mixed = (lambda: torch.autocast(device.type, dtype=getattr(torch, AUTOCAST_DTYPES[autocast]))) if autocast \
+        else contextlib.nullcontext
+
     def step(batch, mark_step=None):
-        loss = loss_of(*(t.to(device) for t in batch))
+        with mixed():
+            loss = loss_of(*(t.to(device) for t in batch))
         loss.backward()
         opt_step()
         opt.zero_grad(set_to_none=True)
@@ -116,10 +126,11 @@ def _lazy_checks(variant: str, steps: int) -> dict:
     return result
 
 
-def run_variant(name: str, variant: str, size: str, steps: int, warmup: int, dropout: float | None) -> dict:
+def run_variant(name: str, variant: str, size: str, steps: int, warmup: int, dropout: float | None,
+                autocast: str | None) -> dict:
     """Runs in the child process."""
     lazy = variant.startswith("lazy_mlir")
-    step, batches = _make_step(name, variant, size, dropout)
+    step, batches = _make_step(name, variant, size, dropout, autocast)
     split = StepSplit() if lazy else None
     times, losses = [], []
     for i, batch in enumerate(batches(warmup + steps)):
@@ -141,13 +152,13 @@ def run_variant(name: str, variant: str, size: str, steps: int, warmup: int, dro
 
 
 def run_paired(name: str, variants: list[str], size: str, steps: int, warmup: int, block: int,
-               dropout: float | None) -> dict:
+               dropout: float | None, autocast: str | None) -> dict:
     """Runs in the child process: every row of ``name``, ``block`` steps each
     in turn (at most one lazy_mlir row), with the time in generated code
     split out."""
     if sum(v.startswith("lazy_mlir") for v in variants) > 1:
         raise SystemExit("--paired takes at most one lazy_mlir row")
-    rows = {v: _make_step(name, v, size, dropout) for v in variants}
+    rows = {v: _make_step(name, v, size, dropout, autocast) for v in variants}
     batches = rows[variants[0]][1](warmup + steps)
     results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup, block)
     for v, r in results.items():
@@ -180,20 +191,25 @@ def main():
     parser.add_argument("--fast-rng", action="store_true",
                         help="lazy_mlir rows draw random numbers in the generated code (Config.fast_rng), as "
                              "torch.compile does, instead of eager's stream in the TorchScript glue")
+    parser.add_argument("--autocast", choices=sorted(AUTOCAST_DTYPES), default=None,
+                        help="the forward and loss under torch.autocast to this dtype on each row's device "
+                             "(\"lazy\" for lazy_mlir's); weights and optimizer fp32")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-paired", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(*args.child, args.size, args.steps, args.warmup, args.dropout)))
+        print(json.dumps(run_variant(*args.child, args.size, args.steps, args.warmup, args.dropout, args.autocast)))
         return
     if args.child_paired:
         print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.size, args.steps, args.warmup,
-                                    args.block, args.dropout)))
+                                    args.block, args.dropout, args.autocast)))
         return
 
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
     if args.dropout is not None:
         common += ["--dropout", str(args.dropout)]
+    if args.autocast:
+        common += ["--autocast", args.autocast]
     if args.fast_rng:
         os.environ["LAZY_MLIR_FAST_RNG"] = "1"  # the children's lazy_mlir.init reads it
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -218,7 +234,8 @@ def main():
            f"all rows of a model in one process taking turns every {args.block} steps, the first of each turn "
            f"not timed")
     dropout = ("" if args.dropout is None else f", dropout {args.dropout:g}") + (", fast_rng" if args.fast_rng else "")
-    print(f"\nZoo training steps (fp32, {args.size} models{dropout}) on {backing_device()}, {args.steps} timed steps after "
+    precision = f"fp32 weights, {args.autocast} autocast" if args.autocast else "fp32"
+    print(f"\nZoo training steps ({precision}, {args.size} models{dropout}) on {backing_device()}, {args.steps} timed steps after "
           f"{args.warmup} warm-up (median), median of {args.rounds} interleaved round(s), {how}")
     detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
     print(f"{'model':<10}{'variant':<{W}}{'ms/step':>9}{RATIO_COLUMNS}{'/c.l+opt':>9}{'first s':>9}"
