@@ -201,3 +201,43 @@ def test_the_gpu_table_casts_by_its_policies():
         "exp": "torch.float32",
         "addcmul": "torch.float32 torch.float16",
     }, out.stdout
+
+
+def _scaled_fp16_training(device, init_scale, steps=4):
+    import zoo
+    v = zoo.base_variant("gpt2")
+    model = zoo.make_model(v, dtype=torch.float32).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
+    losses, scales, snapshots = [], [], []
+    for batch in zoo.batches(v, steps, dtype=torch.float32)[:steps]:
+        metrics.reset()
+        with torch.autocast(device.type, dtype=torch.float16):
+            loss = zoo.SPECS["gpt2"].loss(model, *(t.to(device) for t in batch))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if device == LAZY:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+    return losses, scales, snapshots
+
+
+def test_grad_scaler_unscales_in_the_graph(lazy_level):
+    """float16 with torch.amp.GradScaler("lazy"): its unscale (aten's
+    _amp_foreach_non_finite_check_and_unscale_) was an eager fallback that
+    executed the step's graph and copied every gradient (19 graph
+    executions a step); now traced, it leaves the one value read GradScaler
+    makes (found_inf.item(), before the optimizer step). A scale of 2**20
+    overflows float16 gradients: the first steps are skipped and the scale
+    halved until one is taken, as eagerly."""
+    eager_losses, eager_scales, _ = _scaled_fp16_training(CPU, 2.0 ** 20)
+    losses, scales, snapshots = _scaled_fp16_training(LAZY, 2.0 ** 20)
+    assert scales == eager_scales and scales[0] < 2.0 ** 20 and scales[-1] == scales[-2], scales
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-3, atol=0)
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["fallback_count"] == 0 and s["graph_executions"] == 2, metrics.report()
