@@ -10,8 +10,8 @@ from torch_mlir import ir
 from .base import Pass
 from .collectives import UNSHARD, all_gather, nbytes, wait
 from .registry import register
-from .torch_ir import ATEN, VIEW_OPS, constant_value, create_aten, functions, int_list_value, op_error, op_name, \
-    slice_tensor, tensor_info, vtensor_type
+from .torch_ir import ATEN, VIEW_OPS, constant_bool, constant_int, constant_none, constant_value, create_aten, \
+    functions, int_list_value, op_error, op_name, slice_tensor, tensor_info, vtensor_type
 
 
 def _copy_variant(name: str) -> str:
@@ -47,8 +47,16 @@ class ZeroInsertGather(Pass):
     ``reuse-bytes`` of other parameters' uses; the code generator frees it
     after the phase's last use. ``reuse-bytes`` > 0 keeps e.g. the last
     layers gathered from their forward use to their backward use, as
-    DeepSpeed's reuse distance does. Guarantees: no ``unshard`` marker
-    remains; every gather's wait precedes all uses of its result."""
+    DeepSpeed's reuse distance does.
+
+    A phase whose uses all read the parameter through one narrowing cast
+    (``_to_copy`` to bfloat16 or float16: autocast's cast of a float32
+    weight) gathers the shard cast instead, half the bytes (FSDP2's
+    ``param_dtype``): a cast commutes with gathering, slicing and viewing,
+    so the values are the same. The shard's cast is made once, where the
+    shard is defined, so that zero-prefetch can still issue the gather early.
+    Guarantees: no ``unshard`` marker remains; every gather's wait precedes
+    all uses of its result."""
 
     name = "zero-insert-gather"
     regather: bool = True
@@ -76,8 +84,9 @@ class ZeroInsertGather(Pass):
         plans = [(marker, derived, self._phases(k, external, index, timeline, sizes))
                  for k, (marker, (derived, external)) in enumerate(zip(markers, uses))]
         for marker, derived, phases in plans:
+            narrowed = {}  # dtype -> the shard cast to it (one cast for all phases)
             for phase in phases:
-                _gather_for(marker, derived, phase)
+                _gather_for(marker, derived, phase, narrowed, block)
             for op in reversed(derived):
                 op.erase()
             marker.erase()
@@ -135,7 +144,7 @@ def _others_between(timeline, sizes, k: int, start: int, end: int, budget: int) 
     return bool(others) and sum(sizes[o] for o in others) > budget
 
 
-def _gather_for(marker, derived: list, phase: list) -> None:
+def _gather_for(marker, derived: list, phase: list, narrowed: dict, block) -> None:
     """Gather before ``phase[0]``, recompute the derived values the phase
     uses, and point the phase's uses at them."""
     shard, shape_list, group_size, group_name = marker.operands
@@ -144,17 +153,25 @@ def _gather_for(marker, derived: list, phase: list) -> None:
     if not isinstance(world, int) or shape is None:
         raise op_error(ZeroInsertGather.name, marker, "group size and shape must be constants")
     first = phase[0]
+    needed = _needed(derived, phase)
+    full = marker.results[0]
+    casts = _narrowing_casts(full, needed, phase)
+    if casts:
+        dtype = tensor_info(casts[0].results[0]).dtype
+        if dtype not in narrowed:
+            narrowed[dtype] = _cast_shard(shard, casts[0], block, first)
+        shard = narrowed[dtype]
     gathered = all_gather(shard, group_size, group_name, world, first).results[0]
     value = wait(gathered, first).results[0]
     numel = math.prod(shape)
     if tensor_info(value).shape[0] != numel:  # drop the padding
         value = slice_tensor(value, 0, 0, numel, _with_shape(value, (numel,)), first)
-    if list(tensor_info(marker.results[0]).shape) != [numel]:
-        value = create_aten("view", [value, shape_list], [marker.results[0].type], first).results[0]
-    mapping = {marker.results[0]: value}
-    needed = _needed(derived, phase)
+    if list(tensor_info(full).shape) != [numel]:
+        full_type = casts[0].results[0].type if casts else full.type
+        value = create_aten("view", [value, shape_list], [full_type], first).results[0]
+    mapping = {cast.results[0]: value for cast in casts} if casts else {full: value}
     for op in derived:
-        if op in needed:
+        if op in needed and op not in casts:
             clone = op.clone(ir.InsertionPoint(first))
             for i, operand in enumerate(op.operands):
                 if operand in mapping:
@@ -164,6 +181,45 @@ def _gather_for(marker, derived: list, phase: list) -> None:
         for i, operand in enumerate(use.operands):
             if operand in mapping:
                 use.operands[i] = mapping[operand]
+
+
+_NARROWER = {"f32": ("bf16", "f16"), "f64": ("f32", "bf16", "f16")}
+
+
+def _narrowing_casts(full, needed: set, phase: list) -> list:
+    """The ``_to_copy`` ops to one narrower float type through which alone
+    the phase reads the gathered parameter ``full``; [] if it reads it any
+    other way too."""
+    readers = [op for op in (*needed, *phase) if any(v == full for v in op.operands)]
+    source = tensor_info(full).dtype
+    if not readers or any(op_name(op) != ATEN + "_to_copy" or op in phase for op in readers):
+        return []
+    dtypes = {tensor_info(op.results[0]).dtype for op in readers}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _NARROWER.get(source, ()):
+        return []
+    return readers
+
+
+def _cast_shard(shard: ir.Value, cast, block, first) -> ir.Value:
+    """``shard`` cast as ``cast`` casts the full parameter, placed right where
+    the shard is defined (the function's start for an argument)."""
+    dtype_code = constant_value(cast.operands[1])
+    if not isinstance(dtype_code, int):
+        raise op_error(ZeroInsertGather.name, cast, "a narrowing cast needs a constant dtype")
+    dtype = tensor_info(cast.results[0]).dtype
+    none = constant_none(first)
+    operands = [shard, constant_int(dtype_code, first), none, none, none, constant_bool(False, first), none]
+    new_ops = [operands[1].owner.operation, none.owner.operation, operands[5].owner.operation]
+    new_ops.append(create_aten("_to_copy", operands, [_with_shape(shard, tensor_info(shard).shape, dtype)], first))
+    if isinstance(shard.owner, ir.Block):
+        anchor = block.operations[0].operation
+        for op in new_ops:
+            op.move_before(anchor)
+    else:
+        anchor = shard.owner.operation
+        for op in reversed(new_ops):
+            op.move_after(anchor)
+    return new_ops[-1].results[0]
 
 
 def _needed(derived: list, phase: list) -> set:
@@ -178,5 +234,5 @@ def _needed(derived: list, phase: list) -> set:
     return needed
 
 
-def _with_shape(value: ir.Value, shape) -> ir.Type:
-    return vtensor_type(shape, tensor_info(value).dtype, value.type.context)
+def _with_shape(value: ir.Value, shape, dtype: str | None = None) -> ir.Type:
+    return vtensor_type(shape, dtype or tensor_info(value).dtype, value.type.context)

@@ -84,3 +84,64 @@ func.func @updated_parameter(%shard: !torch.vtensor<[2],f32>) -> !torch.vtensor<
   %full = torch.operator "torch.lazy_mlir.unshard"(%new, %shape, %int2, %str) : (!torch.vtensor<[2],f32>, !torch.list<int>, !torch.int, !torch.str) -> !torch.vtensor<[4],f32>
   return %full : !torch.vtensor<[4],f32>
 }
+
+// -----
+
+// Autocast: the forward and backward read the float32 weight only through
+// its cast to bfloat16. Each phase gathers the shard cast (made once, at
+// the function's start, so that a gather can be issued early): 8 bf16
+// elements instead of 8 f32. The cast op of the full weight is gone.
+// CHECK-LABEL: func.func @autocast_weight
+// CHECK:         %[[C:.*]] = torch.aten._to_copy %arg0, %{{.*}} : !torch.vtensor<[4],f32>, {{.*}} -> !torch.vtensor<[4],bf16>
+// CHECK:         %[[G1:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%[[C]], %{{.*}}, %{{.*}}) : (!torch.vtensor<[4],bf16>, !torch.int, !torch.str) -> !torch.vtensor<[8],bf16>
+// CHECK-NEXT:    %[[W1:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[G1]])
+// CHECK:         %[[S1:.*]] = torch.aten.slice.Tensor %[[W1]], {{.*}} -> !torch.vtensor<[6],bf16>
+// CHECK-NEXT:    %[[V1:.*]] = torch.aten.view %[[S1]], {{.*}} -> !torch.vtensor<[3,2],bf16>
+// CHECK-NEXT:    %[[T1:.*]] = torch.aten.t %[[V1]]
+// CHECK-NEXT:    %[[Y:.*]] = torch.aten.mm %arg2, %[[T1]]
+// CHECK:         torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg1,
+// CHECK:         %[[G2:.*]] = torch.operator "torch._c10d_functional.all_gather_into_tensor"(%[[C]], {{.*}} -> !torch.vtensor<[8],bf16>
+// CHECK-NOT:     _to_copy
+// CHECK:         return
+// The f32 weight also read directly (an f32 use beside the cast): gathered in f32.
+// ONCE-LABEL: func.func @autocast_weight
+// ONCE:         torch.operator "torch._c10d_functional.all_gather_into_tensor"(%{{.*}}) : (!torch.vtensor<[4],bf16>, !torch.int, !torch.str)
+// ONCE-LABEL: func.func @weight_read_in_both_precisions
+// ONCE:         torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg0, %{{.*}}, %{{.*}}) : (!torch.vtensor<[4],f32>, !torch.int, !torch.str)
+// ONCE:         torch.aten._to_copy %{{.*}} : !torch.vtensor<[3,2],f32>, {{.*}} -> !torch.vtensor<[3,2],bf16>
+func.func @autocast_weight(%w: !torch.vtensor<[4],f32>, %b: !torch.vtensor<[1],f32>, %x: !torch.vtensor<[3,2],bf16>) -> (!torch.vtensor<[3,3],bf16>, !torch.vtensor<[3,2],bf16>) {
+  %int3 = torch.constant.int 3
+  %int2 = torch.constant.int 2
+  %int1 = torch.constant.int 1
+  %int15 = torch.constant.int 15
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %str = torch.constant.str "0"
+  %shape = torch.prim.ListConstruct %int3, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
+  %bshape = torch.prim.ListConstruct %int2 : (!torch.int) -> !torch.list<int>
+  %full = torch.operator "torch.lazy_mlir.unshard"(%w, %shape, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.list<int>, !torch.int, !torch.str) -> !torch.vtensor<[3,2],f32>
+  %bfull = torch.operator "torch.lazy_mlir.unshard"(%b, %bshape, %int2, %str) : (!torch.vtensor<[1],f32>, !torch.list<int>, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %half = torch.aten._to_copy %full, %int15, %none, %none, %none, %false, %none : !torch.vtensor<[3,2],f32>, !torch.int, !torch.none, !torch.none, !torch.none, !torch.bool, !torch.none -> !torch.vtensor<[3,2],bf16>
+  %wt = torch.aten.t %half : !torch.vtensor<[3,2],bf16> -> !torch.vtensor<[2,3],bf16>
+  %y = torch.aten.mm %x, %wt : !torch.vtensor<[3,2],bf16>, !torch.vtensor<[2,3],bf16> -> !torch.vtensor<[3,3],bf16>
+  %z = torch.aten.add.Tensor %x, %bfull, %int1 : !torch.vtensor<[3,2],bf16>, !torch.vtensor<[2],f32>, !torch.int -> !torch.vtensor<[3,2],f32>
+  %wtt = torch.aten.t %wt : !torch.vtensor<[2,3],bf16> -> !torch.vtensor<[3,2],bf16>
+  %g = torch.aten.mm %y, %wtt : !torch.vtensor<[3,3],bf16>, !torch.vtensor<[3,2],bf16> -> !torch.vtensor<[3,2],bf16>
+  return %y, %g : !torch.vtensor<[3,3],bf16>, !torch.vtensor<[3,2],bf16>
+}
+
+// -----
+
+func.func @weight_read_in_both_precisions(%w: !torch.vtensor<[4],f32>) -> (!torch.vtensor<[3,2],bf16>, !torch.vtensor<[3,2],f32>) {
+  %int3 = torch.constant.int 3
+  %int2 = torch.constant.int 2
+  %int15 = torch.constant.int 15
+  %none = torch.constant.none
+  %false = torch.constant.bool false
+  %str = torch.constant.str "0"
+  %shape = torch.prim.ListConstruct %int3, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
+  %full = torch.operator "torch.lazy_mlir.unshard"(%w, %shape, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.list<int>, !torch.int, !torch.str) -> !torch.vtensor<[3,2],f32>
+  %half = torch.aten._to_copy %full, %int15, %none, %none, %none, %false, %none : !torch.vtensor<[3,2],f32>, !torch.int, !torch.none, !torch.none, !torch.none, !torch.bool, !torch.none -> !torch.vtensor<[3,2],bf16>
+  %sq = torch.aten.mul.Tensor %full, %full : !torch.vtensor<[3,2],f32>, !torch.vtensor<[3,2],f32> -> !torch.vtensor<[3,2],f32>
+  return %half, %sq : !torch.vtensor<[3,2],bf16>, !torch.vtensor<[3,2],f32>
+}

@@ -43,6 +43,7 @@ def main() -> None:
     # nccl: the lazy device on this rank's GPU (the launcher sets LAZY_MLIR_DEVICE=cuda)
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
+    parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.backend == "nccl":
@@ -78,7 +79,8 @@ def main() -> None:
             torch.save({"model": zero.full_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint)
             checkpoint_executions = lazy_mlir.metrics.snapshot()["graph_executions"] - before
         group_keys["in_steps"] = True
-        loss = model(x.to("lazy"), y.to("lazy"))
+        with torch.autocast("lazy", dtype=torch.bfloat16, enabled=args.autocast):
+            loss = model(x.to("lazy"), y.to("lazy"))
         loss.backward()
         optimizer.step()
         if step == args.steps - 1:
