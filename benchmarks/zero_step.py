@@ -18,6 +18,7 @@ read (benchmarks/lazy_step.py). A variant that fails shows FAILED and why
 instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 5] [--only fsdp2,zero3]
+    .venv/bin/python benchmarks/zero_step.py --autocast --only fsdp2,fsdp2_compiled,zero3   # bfloat16
 
 ``--device cuda`` runs each rank on its own GPU over NCCL (``--nproc 1`` on a
 one-GPU machine), the lazy device backed by CUDA. DeepCompile re-plans its
@@ -78,18 +79,28 @@ def _build(variant: str, cfg, args):
     model = make_gpt(cfg, seed=0)
     if not variant.startswith("zero"):  # the zero variants move it to the lazy device
         model = model.to(args.device)
+    # --autocast: each row's forward under bfloat16 autocast on its own device
+    device_type = "lazy" if variant.startswith("zero") else args.device
+
+    def mixed():
+        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=args.autocast)
+
     if variant.startswith("fsdp2"):
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        # FSDP2's own mixed precision: bfloat16 gathers and compute, float32 reductions
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.autocast \
+            else MixedPrecisionPolicy()
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         opt = make_adamw(model)
         compiled = variant == "fsdp2_compiled"
         forward = torch.compile(model) if compiled else model
         opt_step = torch.compile(opt.step) if compiled else opt.step
 
         def step(x, y, zero_grad=True):
-            loss = forward(x, y)
+            with mixed():
+                loss = forward(x, y)
             loss.backward()
             opt_step()
             if zero_grad:
@@ -106,7 +117,8 @@ def _build(variant: str, cfg, args):
         # memory_efficient_linear off: ZeRO-3 would replace torch.nn.functional.linear for the whole
         # process (every variant's), and DeepCompile's compile() puts the original back (for both engines)
         ds_config = {"train_micro_batch_size_per_gpu": cfg.batch_size // args.nproc,
-                     "zero_optimization": {"stage": 3, "memory_efficient_linear": False}}
+                     "zero_optimization": {"stage": 3, "memory_efficient_linear": False},
+                     "bf16": {"enabled": args.autocast}}  # bfloat16 weights, float32 master copies
         if variant == "deepcompile":
             from deepspeed.compile.util import is_deepcompile_supported
             if not is_deepcompile_supported():
@@ -139,7 +151,8 @@ def _build(variant: str, cfg, args):
         lazy_mlir.capture(model)
 
     def step(x, y, zero_grad=True, mark_step=None):
-        loss = model(x.to("lazy"), y.to("lazy"))
+        with mixed():
+            loss = model(x.to("lazy"), y.to("lazy"))
         loss.backward()
         opt.step()
         if zero_grad:
@@ -308,7 +321,8 @@ def _why(exc: Exception) -> str:
 def report(args, cfg, psi, runs, failed):
     import torch
     ranks = f"nccl ranks ({torch.cuda.get_device_name()})" if args.device == "cuda" else "gloo ranks"
-    print(f"\nGPT-mini ({cfg.n_layer} layers, d {cfg.n_embd}, global batch {cfg.batch_size}) on {args.nproc} "
+    precision = "bfloat16 autocast, " if args.autocast else ""
+    print(f"\nGPT-mini ({precision}{cfg.n_layer} layers, d {cfg.n_embd}, global batch {cfg.batch_size}) on {args.nproc} "
           f"{ranks}, {args.steps} timed steps after {args.warmup} warm-up (median), median of {args.rounds} "
           f"interleaved round(s); Ψ = {psi / MIB:.2f} MiB of parameters")
     print(f"{'variant':<16}{'ms/step':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
@@ -370,6 +384,10 @@ def main():
                         help="how ZeRO-2/3 reduce gradient shards (auto: all_to_all on gloo)")
     parser.add_argument("--persistence-threshold", type=int, default=1024,
                         help="parameters with fewer elements are not sharded")
+    parser.add_argument("--autocast", action="store_true",
+                        help="bfloat16 mixed precision: the forward under torch.autocast (\"lazy\" for lazy_mlir's "
+                             "rows, which then gather autocast's weights in bfloat16); FSDP2 with "
+                             "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32); DeepSpeed bf16")
     parser.add_argument("--json", default="zero_step.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     if "LOCAL_RANK" in os.environ:
