@@ -203,10 +203,7 @@ def train_token_batches(model, shapes, device):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
+        end_step(device, loss, losses, snapshots)
     with torch.no_grad():  # p.detach() would trace a graph per parameter
         return torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}, snapshots
 
@@ -233,8 +230,14 @@ def zoo_autocast_training(name, device, dtype=torch.bfloat16, steps=3, capture=F
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
+        end_step(device, loss, losses, snapshots)
     return losses, dtypes, snapshots
+
+
+def end_step(device, loss, losses: list, snapshots: list) -> None:
+    """After a step's optimizer step: on the lazy device, mark the step and
+    keep its metrics; then read the loss (a value read after mark_step)."""
+    if device == LAZY:
+        torch._lazy.mark_step()
+        snapshots.append(metrics.snapshot())
+    losses.append(loss.item())

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lazy_mlir import autocast, metrics
-from helpers import CPU, LAZY, assert_compiled, zoo_autocast_training
+from helpers import CPU, LAZY, assert_compiled, end_step, zoo_autocast_training
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
@@ -137,10 +137,7 @@ def _hf_training(device, mixed, checkpointing=False, steps=3):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
+        end_step(device, loss, losses, snapshots)
     return losses, snapshots
 
 
@@ -218,10 +215,7 @@ def _scaled_fp16_training(device, init_scale, steps=4):
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            snapshots.append(metrics.snapshot())
-        losses.append(loss.item())
+        end_step(device, loss, losses, snapshots)
         scales.append(scaler.get_scale())
     return losses, scales, snapshots
 
