@@ -5,7 +5,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -27,7 +26,7 @@ Policy parsePolicy(const std::string& name) {
   return it->second;
 }
 
-// Written once at registration, before any kernel runs; read-only after.
+// Written once at registration (init(), under the GIL), before any kernel runs; read-only after.
 std::unordered_map<c10::OperatorName, Policy>& policies() {
   static std::unordered_map<c10::OperatorName, Policy> table;
   return table;
@@ -150,24 +149,24 @@ void castKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
 }  // namespace
 
 void registerLazyAutocast(const std::vector<std::pair<std::string, std::string>>& table) {
-  static std::once_flag once;
-  bool first_call = false;
-  std::call_once(once, [&] {
-    first_call = true;
-    for (const auto& [qualified, policy] : table) {
-      const auto dot = qualified.find('.');
-      c10::OperatorName name(qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1));
-      policies().emplace(std::move(name), parsePolicy(policy));
-    }
-    // The libraries must outlive their registrations: kept for the process.
-    auto* fallthrough = new torch::Library(torch::Library::IMPL, "_", kLazyAutocastKey, __FILE__, __LINE__);
-    fallthrough->fallback(torch::CppFunction::makeFallthrough());
-    auto* kernels = new torch::Library(torch::Library::IMPL, "aten", kLazyAutocastKey, __FILE__, __LINE__);
-    for (const auto& [qualified, policy] : table) {
-      kernels->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&castKernel>());
-    }
-  });
-  TORCH_CHECK(first_call || table.size() == policies().size(), "lazy autocast: registered already, with another table");
+  std::unordered_map<c10::OperatorName, Policy> parsed;
+  for (const auto& [qualified, policy] : table) {
+    const auto dot = qualified.find('.');
+    parsed.emplace(c10::OperatorName(qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1)),
+                   parsePolicy(policy));
+  }
+  if (!policies().empty()) {  // init() again: the kernels are registered once per process
+    TORCH_CHECK(parsed == policies(), "lazy autocast: registered already, with another policy table");
+    return;
+  }
+  policies() = std::move(parsed);
+  // The libraries must outlive their registrations: kept for the process.
+  auto* fallthrough = new torch::Library(torch::Library::IMPL, "_", kLazyAutocastKey, __FILE__, __LINE__);
+  fallthrough->fallback(torch::CppFunction::makeFallthrough());
+  auto* kernels = new torch::Library(torch::Library::IMPL, "aten", kLazyAutocastKey, __FILE__, __LINE__);
+  for (const auto& [qualified, policy] : table) {
+    kernels->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&castKernel>());
+  }
 }
 
 void setLazyAutocastEnabled(bool enabled) {

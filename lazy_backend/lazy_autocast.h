@@ -26,9 +26,10 @@
 
 namespace lazy_mlir {
 
-// Registers the cast kernels once per process: (op name with overload, as
-// "aten::softmax.int", policy) pairs; policies: "lower_precision_fp",
-// "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned".
+// Registers the cast kernels once per process (a later call must bring the
+// same table): (op name with overload, as "aten::softmax.int", policy)
+// pairs; policies: "lower_precision_fp", "fp32", "fp32_set_opt_dtype",
+// "fp32_append_dtype", "promote", "banned".
 void registerLazyAutocast(const std::vector<std::pair<std::string, std::string>>& policies);
 
 // This thread's state, as torch keeps its autocast state: per thread.
