@@ -11,7 +11,7 @@ from .base import Pass
 from .collectives import UNSHARD, all_gather, nbytes, wait
 from .registry import register
 from .torch_ir import ATEN, VIEW_OPS, constant_bool, constant_int, constant_none, constant_value, create_aten, \
-    functions, int_list_value, op_error, op_name, slice_tensor, tensor_info, vtensor_type
+    functions, int_list_value, is_none, op_error, op_name, slice_tensor, tensor_info, vtensor_type
 
 
 def _copy_variant(name: str) -> str:
@@ -192,12 +192,22 @@ def _narrowing_casts(full, needed: set, phase: list) -> list:
     other way too."""
     readers = [op for op in (*needed, *phase) if any(v == full for v in op.operands)]
     source = tensor_info(full).dtype
-    if not readers or any(op_name(op) != ATEN + "_to_copy" or op in phase for op in readers):
+    if not readers or any(op in phase or not _dtype_only_cast(op) for op in readers):
         return []
     dtypes = {tensor_info(op.results[0]).dtype for op in readers}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _NARROWER.get(source, ()):
         return []
     return readers
+
+
+def _dtype_only_cast(op) -> bool:
+    """``_to_copy(x, dtype)`` with layout, device, pin_memory and
+    memory_format unset and non_blocking false (autocast's cast): what
+    ``_cast_shard`` rebuilds for the shard."""
+    if op_name(op) != ATEN + "_to_copy":
+        return False
+    _, _, layout, device, pin_memory, non_blocking, memory_format = op.operands
+    return all(map(is_none, (layout, device, pin_memory, memory_format))) and constant_value(non_blocking) is False
 
 
 def _cast_shard(shard: ir.Value, cast, block, first) -> ir.Value:

@@ -145,3 +145,22 @@ func.func @weight_read_in_both_precisions(%w: !torch.vtensor<[4],f32>) -> (!torc
   %sq = torch.aten.mul.Tensor %full, %full : !torch.vtensor<[3,2],f32>, !torch.vtensor<[3,2],f32> -> !torch.vtensor<[3,2],f32>
   return %half, %sq : !torch.vtensor<[3,2],bf16>, !torch.vtensor<[3,2],f32>
 }
+
+// -----
+
+// A cast that asks for more than a dtype (non_blocking here) is not rebuilt
+// on the shard: the weight gathers in f32 and is cast as written.
+// ONCE-LABEL: func.func @cast_with_other_options
+// ONCE:         torch.operator "torch._c10d_functional.all_gather_into_tensor"(%arg0, %{{.*}}, %{{.*}}) : (!torch.vtensor<[4],f32>, !torch.int, !torch.str)
+func.func @cast_with_other_options(%w: !torch.vtensor<[4],f32>) -> !torch.vtensor<[3,2],bf16> {
+  %int3 = torch.constant.int 3
+  %int2 = torch.constant.int 2
+  %int15 = torch.constant.int 15
+  %none = torch.constant.none
+  %true = torch.constant.bool true
+  %str = torch.constant.str "0"
+  %shape = torch.prim.ListConstruct %int3, %int2 : (!torch.int, !torch.int) -> !torch.list<int>
+  %full = torch.operator "torch.lazy_mlir.unshard"(%w, %shape, %int2, %str) : (!torch.vtensor<[4],f32>, !torch.list<int>, !torch.int, !torch.str) -> !torch.vtensor<[3,2],f32>
+  %half = torch.aten._to_copy %full, %int15, %none, %none, %none, %true, %none : !torch.vtensor<[3,2],f32>, !torch.int, !torch.none, !torch.none, !torch.none, !torch.bool, !torch.none -> !torch.vtensor<[3,2],bf16>
+  return %half : !torch.vtensor<[3,2],bf16>
+}
