@@ -14,6 +14,7 @@ from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt  # noq
 
 LAZY = torch.device("lazy")
 CPU = torch.device("cpu")
+_ZOO_DIR = os.path.join(os.path.dirname(__file__), "models")  # tests/models/zoo.py
 
 # Small enough for a 2-core CI machine, same structure as DESIGN.md's GPT-mini.
 SMALL_GPT = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size=32, batch_size=4)
@@ -211,7 +212,8 @@ def train_token_batches(model, shapes, device):
 def zoo_autocast_training(name, device, dtype=torch.bfloat16, steps=3, capture=False):
     """Losses, module output dtypes (in call order) and per-step metrics of
     ``steps`` AdamW steps of a float32 zoo model under ``dtype`` autocast."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+    if _ZOO_DIR not in sys.path:
+        sys.path.insert(0, _ZOO_DIR)
     import zoo
 
     v = zoo.base_variant(name)
