@@ -14,7 +14,8 @@ warm-up, ratios to eager and to each torch.compile row, first-step seconds
 (tracing + compiling), and for lazy_mlir graph executions and eager
 fallbacks per step and the step's split into trace / ltc / compile / glue /
 kernels (defined in benchmarks/lazy_step.py). fp32, or with ``--autocast bf16`` the forward and loss under
-torch.autocast (each row on its own device: "lazy" for lazy_mlir's). The zoo's tiny configs
+torch.autocast (each row on its own device: "lazy" for lazy_mlir's); ``--autocast fp16`` adds
+torch.amp.GradScaler on that device (the loss scaled, ``scaler.step(opt)``, ``scaler.update()``). The zoo's tiny configs
 (hidden 32, batch 2, the tests' models) by default: per-step overhead
 dominates, as in small-batch steps. ``--size base`` runs the same models at
 4 layers x 256 (FFN 1024, vocabulary 1024), batch 8, 128 tokens (64 x 64
@@ -30,6 +31,7 @@ call), shows FAILED and why instead of a figure, and the script exits 1.
     .venv/bin/python benchmarks/models.py --paired --block 5   # turns of 5 steps, 4 of them timed
     .venv/bin/python benchmarks/models.py --paired --block 5 --size base --steps 12 --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss
     .venv/bin/python benchmarks/models.py --paired --block 5 --size base --autocast bf16 --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss
+    .venv/bin/python benchmarks/models.py --paired --block 5 --autocast fp16 --models gpt2,resnet --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss
 
 Taking turns step by step, each row's step follows another row's, which has
 evicted its caches; a training process runs one model, and ``--block``
@@ -92,16 +94,23 @@ def _make_step(name: str, variant: str, size: str, dropout: float | None = None,
         lazy_mlir.capture(model)
     if variant.endswith("_capture_loss"):
         loss_of = lazy_mlir.capture(loss_of, modules=[model])
-    opt_step = torch.compile(opt.step) if variant in OPT_COMPILED else opt.step
+    if variant in OPT_COMPILED:
+        opt.step = torch.compile(opt.step)  # an attribute: GradScaler.step calls it too
 
     mixed = (lambda: torch.autocast(device.type, dtype=getattr(torch, AUTOCAST_DTYPES[autocast]))) if autocast \
         else contextlib.nullcontext
+    scaler = torch.amp.GradScaler(device.type) if autocast == "fp16" else None
 
     def step(batch, mark_step=None):
         with mixed():
             loss = loss_of(*(t.to(device) for t in batch))
-        loss.backward()
-        opt_step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad(set_to_none=True)
         if lazy:
             (mark_step or torch._lazy.mark_step)()

@@ -243,3 +243,37 @@ def end_step(device, loss, losses: list, snapshots: list) -> None:
         torch._lazy.mark_step()
         snapshots.append(metrics.snapshot())
     losses.append(loss.item())
+
+
+def scaled_fp16_training(device, init_scale, make_opt, steps=4):
+    """The zoo's HF GPT-2 trained ``steps`` steps in float32 under float16
+    autocast with torch.amp.GradScaler from ``init_scale``. Returns the
+    losses, the scales after each step, the lazy metrics of each step,
+    the optimizer's progress after each (Adam's step count in
+    ``state_dict()``, else the momentum's norm), the final parameters and
+    the first three gradients of the last step (on the CPU)."""
+    import zoo
+    v = zoo.base_variant("gpt2")
+    model = zoo.make_model(v, dtype=torch.float32).to(device).train()
+    opt = make_opt(model.parameters())
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
+    losses, scales, snapshots, steps_taken = [], [], [], []
+    for batch in zoo.batches(v, steps, dtype=torch.float32)[:steps]:
+        metrics.reset()
+        with torch.autocast(device.type, dtype=torch.float16):
+            loss = zoo.SPECS["gpt2"].loss(model, *(t.to(device) for t in batch))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        end_step(device, loss, losses, snapshots)
+        scales.append(scaler.get_scale())
+        # Adam's step count as state_dict() gives it; SGD's momentum (none, or zeros
+        # made for the first step, until a step is taken)
+        state = opt.state_dict()["state"]
+        steps_taken.append(int(state[0]["step"]) if "step" in state.get(0, {}) else
+                           round(sum(float(v.norm()) for s in state.values() for v in s.values() if v is not None), 3))
+        # the unscaled gradients, as GradScaler leaves them
+        grads = [p.grad.detach().cpu().clone() for p in list(model.parameters())[:3]]
+        opt.zero_grad()
+    params = [p.detach().cpu() for p in model.parameters()]
+    return losses, scales, snapshots, steps_taken, params, grads

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lazy_mlir import autocast, metrics
-from helpers import CPU, LAZY, assert_compiled, end_step, zoo_autocast_training
+from helpers import CPU, LAZY, assert_compiled, end_step, scaled_fp16_training, zoo_autocast_training
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
@@ -207,38 +207,40 @@ def test_the_gpu_table_casts_by_its_policies():
     }, out.stdout
 
 
-def _scaled_fp16_training(device, init_scale, steps=4):
-    import zoo
-    v = zoo.base_variant("gpt2")
-    model = zoo.make_model(v, dtype=torch.float32).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
-    losses, scales, snapshots = [], [], []
-    for batch in zoo.batches(v, steps, dtype=torch.float32)[:steps]:
-        metrics.reset()
-        with torch.autocast(device.type, dtype=torch.float16):
-            loss = zoo.SPECS["gpt2"].loss(model, *(t.to(device) for t in batch))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        end_step(device, loss, losses, snapshots)
-        scales.append(scaler.get_scale())
-    return losses, scales, snapshots
-
-
-def test_grad_scaler_unscales_in_the_graph(lazy_level):
+@pytest.mark.parametrize("make_opt, reads_until_taken", [
+    pytest.param(lambda ps: torch.optim.AdamW(ps, lr=1e-3), False, id="adamw"),
+    # zero buffers made for the first step (steady_state): a skipped step keeps them zero
+    pytest.param(lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), False, id="sgd_momentum"),
+    # with dampening there are no buffers until a step is taken: found_inf is read till then
+    pytest.param(lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, dampening=0.1), True, id="sgd_dampening"),
+])
+def test_grad_scaler_steps_in_one_graph(lazy_level, make_opt, reads_until_taken):
     """float16 with torch.amp.GradScaler("lazy"): its unscale (aten's
     _amp_foreach_non_finite_check_and_unscale_) was an eager fallback that
     executed the step's graph and copied every gradient (19 graph
-    executions a step); now traced, it leaves the one value read GradScaler
-    makes (found_inf.item(), before the optimizer step). A scale of 2**20
-    overflows float16 gradients: the first steps are skipped and the scale
-    halved until one is taken, as eagerly."""
-    eager_losses, eager_scales, _ = _scaled_fp16_training(CPU, 2.0 ** 20)
-    losses, scales, snapshots = _scaled_fp16_training(LAZY, 2.0 ** 20)
+    executions a step), then GradScaler read found_inf before deciding to
+    call optimizer.step (a second one). Now the unscale is traced and the
+    fused optimizer takes grad_scale/found_inf (_step_supports_amp_scaling),
+    keeping its tensors where found_inf is set: one graph a step. A scale
+    of 2**20 overflows float16 gradients: the first steps are skipped and
+    the scale halved until one is taken, as eagerly; Adam's step count
+    leaves out the skipped ones."""
+    eager_losses, eager_scales, _, eager_steps, eager_params, eager_grads = scaled_fp16_training(
+        CPU, 2.0 ** 20, make_opt)
+    losses, scales, snapshots, steps, params, grads = scaled_fp16_training(LAZY, 2.0 ** 20, make_opt)
     assert scales == eager_scales and scales[0] < 2.0 ** 20 and scales[-1] == scales[-2], scales
+    assert steps == pytest.approx(eager_steps, rel=2e-2) and 0 < steps[-1], (steps, eager_steps)
     torch.testing.assert_close(losses, eager_losses, rtol=1e-3, atol=0)
-    for s in snapshots:
+    # where float16 rounding flips a near-zero gradient, Adam moves the element
+    # by up to lr the other way: bounded by that, all but a few very close
+    torch.testing.assert_close(params, eager_params, rtol=0, atol=4e-3)
+    lazy_flat, eager_flat = torch.cat([p.flatten() for p in params]), torch.cat([p.flatten() for p in eager_params])
+    assert ((lazy_flat - eager_flat).abs() > 1e-5 + 1e-3 * eager_flat.abs()).float().mean() < 1e-2
+    # unscaled (else 2**17 times larger); the values follow the parameters' spread
+    torch.testing.assert_close([g.norm() for g in grads], [g.norm() for g in eager_grads], rtol=2e-2, atol=0)
+    first_taken = next(i for i, scale in enumerate(scales) if scale == ([2.0 ** 20] + scales)[i])
+    for i, s in enumerate(snapshots):
         assert_compiled(s)
-        assert s["fallback_count"] == 0 and s["graph_executions"] == 2, metrics.report()
+        reads = reads_until_taken and i <= first_taken
+        assert s["fallback_count"] == 0 and s["graph_executions"] == (2 if reads else 1), (i, metrics.report())
+        assert s["optimizer_groups_fused"] == (0 if reads else 1), s

@@ -13,8 +13,8 @@ import torch
 
 import lazy_mlir
 from lazy_mlir import executables, metrics
-from helpers import (LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd,
-                     small_gpt, small_gpt_batches, train, zoo_autocast_training)
+from helpers import (LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, scaled_fp16_training,
+                     sgd, small_gpt, small_gpt_batches, train, zoo_autocast_training)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -169,3 +169,21 @@ def test_autocast_casts_as_cuda_autocast(on_cuda, dtype):
         assert_compiled(s)
         assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
     assert on_cuda == {"cuda"}, on_cuda
+
+
+@pytest.mark.parametrize("on_cuda", ["O1"], indirect=True)
+def test_grad_scaler_steps_in_one_graph_on_cuda(on_cuda):
+    """float16 with torch.amp.GradScaler("lazy") behind a GPU, where float16
+    is used: from an overflowing scale, the skipped steps, scales and Adam's
+    step counts are eager CUDA's, one graph execution a step (the fused
+    AdamW takes GradScaler's found_inf, tests/test_autocast.py)."""
+    make_opt = lambda params: torch.optim.AdamW(params, lr=1e-3)  # noqa: E731
+    eager_losses, eager_scales, _, eager_steps, _, _ = scaled_fp16_training(CUDA, 2.0 ** 20, make_opt)
+    losses, scales, snapshots, steps, _, _ = scaled_fp16_training(LAZY, 2.0 ** 20, make_opt)
+    assert scales == eager_scales and steps == eager_steps and steps[-1] > 0, (scales, steps, eager_steps)
+    torch.testing.assert_close(losses, eager_losses, rtol=5e-3, atol=0)
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
+    assert on_cuda == {"cuda"}, on_cuda
+

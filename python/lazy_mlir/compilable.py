@@ -43,7 +43,7 @@ GENERATED_RANDOM_OPS = {"aten::native_dropout", "aten::bernoulli", "aten::unifor
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 # Ops returning tensor lists that the TS -> FX conversion expands into
 # per-tensor ops (lowering/fused_optimizer.py): their lists stay inside a group.
-LIST_RETURNING = {"lazy_mlir::adam_step", "lazy_mlir::sgd_step"}
+LIST_RETURNING = {"lazy_mlir::adam_step", "lazy_mlir::sgd_step", "aten::_amp_foreach_non_finite_check_and_unscale"}
 _allowed: set[str] = set()
 _generation = 0  # bumped by allow()/deny(): compiled graphs then recompile
 

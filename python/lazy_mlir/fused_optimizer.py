@@ -36,13 +36,29 @@ any step), its hyper-parameters and the math of the single-tensor algorithm
 (compiled results differ by float rounding only, as the op-by-op trace's
 do). ``foreach`` is ignored (same math). Not fused, the user's path runs
 unchanged and ``metrics`` counts why: ``capturable``, ``differentiable``,
-complex parameters, tensor betas, AMP's ``grad_scale``/``found_inf``,
-sparse gradients, momentum buffers that only some parameters have,
-parameters not all on one lazy device, and optimizers excluded with
-``exclude()`` (lazy_mlir.zero's). Graph constants: betas, eps, weight
-decay, momentum, dampening, nesterov, amsgrad, maximize (changing one
-traces a new graph); lr and the step count are inputs (a scheduler changes
-lr without a recompile).
+complex parameters, tensor betas, sparse gradients, momentum buffers
+that only some parameters have, parameters not all on one lazy device,
+and optimizers excluded with ``exclude()`` (lazy_mlir.zero's). Graph
+constants: betas, eps, weight decay, momentum, dampening, nesterov,
+amsgrad, maximize (changing one traces a new graph); lr and the step count
+are inputs (a scheduler changes lr without a recompile).
+
+GradScaler (float16): a fused optimizer answers
+``_step_supports_amp_scaling`` (as torch's ``fused=True`` ones do), so
+``GradScaler.step`` hands it ``grad_scale``/``found_inf`` instead of
+reading ``found_inf`` (a graph execution mid-step) to decide whether to
+call ``step``. The gradients are unscaled in the graph as GradScaler's
+``unscale_`` would (written back, so ``.grad`` reads as eagerly), and the
+node keeps every tensor as it was where ``found_inf`` is set: one graph a
+step. Adam's step counts stay on the CPU, advanced when traced; a
+skipped step's advance is taken back when ``found_inf`` has been computed,
+read at the optimizer's next step (or ``state_dict()``), before its
+scalars are computed: the step after a skipped one uses the count eager
+Adam would. Between a skipped step's execution and then,
+``state["step"]`` reads one more. Where the group is not fused (or SGD's
+first momentum step, which a skip would leave without buffers), the
+unscale and skip run as GradScaler's own: ``found_inf`` read, then
+torch's step or none.
 """
 from __future__ import annotations
 
@@ -52,7 +68,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _C, config, layer_groups, metrics
+from . import _C, config, layer_groups, metrics, syncs
 from .lowering.fused_optimizer import ADAM_STEP, ADAM_STEP_SCHEMA, SGD_STEP, SGD_STEP_SCHEMA, adam_update, sgd_update
 
 _active = threading.local()  # .optimizer: the Adam or SGD stepping now, if it is fused
@@ -62,6 +78,9 @@ _original_sgd = None
 _original_adam_init_group = None
 _FUSED_CLASSES = (torch.optim.Adam, torch.optim.SGD)  # AdamW is an Adam
 _hooks: list = []
+# optimizer -> [(found_inf, [Adam step counts it advanced])]: skips to take back (_settle)
+_unsettled_skips: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_settle_hooked: weakref.WeakSet = weakref.WeakSet()
 
 
 def exclude(optimizer: torch.optim.Optimizer) -> None:
@@ -86,20 +105,104 @@ def install() -> None:
     torch.optim.Adam._init_group = _adam_init_group
     _hooks.append(register_optimizer_step_pre_hook(_before_step))
     _hooks.append(register_optimizer_step_post_hook(_after_step))
+    for cls in _FUSED_CLASSES:
+        cls._step_supports_amp_scaling = _AmpScalingAnswer()
+
+
+def _fuses(optimizer) -> bool:
+    return (config.current.fuse_optimizer and isinstance(optimizer, _FUSED_CLASSES) and optimizer not in _excluded
+            and not torch.compiler.is_compiling())  # torch.compile(opt.step) in the same process: not ours
+
+
+class _AmpScalingAnswer:
+    """``optimizer._step_supports_amp_scaling``, which GradScaler.step reads:
+    what the optimizer set itself (``fused=True`` sets True), else True for
+    a fused optimizer with lazy parameters (see the module's docstring)."""
+
+    def __get__(self, optimizer, owner=None):
+        if optimizer is None:
+            return self
+        return optimizer.__dict__.get("_step_supports_amp_scaling", False) or _claims_amp_scaling(optimizer)
+
+    def __set__(self, optimizer, value) -> None:
+        optimizer.__dict__["_step_supports_amp_scaling"] = value
+
+
+def _claims_amp_scaling(optimizer) -> bool:
+    return _fuses(optimizer) and any(p.device.type == "lazy" for group in optimizer.param_groups
+                                     for p in group["params"])
 
 
 def _before_step(optimizer, args, kwargs) -> None:
-    if torch.compiler.is_compiling():  # torch.compile(opt.step) in the same process: not ours
+    if torch.compiler.is_compiling():
         return
-    fuse = (config.current.fuse_optimizer and isinstance(optimizer, _FUSED_CLASSES)
-            and optimizer not in _excluded)
+    fuse = _fuses(optimizer)
     _active.optimizer = optimizer if fuse else None
+    # grad_scale/found_inf in this step are ours to handle (not a fused=True optimizer's own)
+    _active.amp_claimed = fuse and not optimizer.__dict__.get("_step_supports_amp_scaling", False)
+    _settle(optimizer)
 
 
 def _after_step(optimizer, args, kwargs) -> None:
     if torch.compiler.is_compiling():
         return
     _active.optimizer = None
+    _active.amp_claimed = False
+
+
+def _amp_claimed(grad_scale, found_inf) -> bool:
+    """Whether GradScaler passed this step's grad_scale/found_inf because
+    this module claimed ``_step_supports_amp_scaling``."""
+    return (grad_scale is not None or found_inf is not None) and getattr(_active, "amp_claimed", False)
+
+
+def _unscale(grads, grad_scale) -> None:
+    """GradScaler.unscale_'s arithmetic, traced (one node): each gradient
+    times ``1 / grad_scale`` (computed as GradScaler computes it), in
+    place; the inf check's own result is not needed (GradScaler's
+    ``found_inf``): the compiled graph drops it."""
+    inv_scale = grad_scale.double().reciprocal().float()
+    scratch = torch.zeros((), dtype=torch.float32, device=inv_scale.device)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, scratch, inv_scale)
+
+
+def _step_taken_eagerly(grads, grad_scale, found_inf) -> bool:
+    """For a group that is not fused: what GradScaler does for an optimizer
+    without ``_step_supports_amp_scaling``, gradients unscaled and
+    ``found_inf`` read (a graph execution); whether to step."""
+    if grad_scale is not None and grads:
+        _unscale(grads, grad_scale.to(grads[0].device))
+    if found_inf is None:
+        return True
+    with syncs.planned_read("GradScaler's found_inf (an optimizer group that is not fused)"):
+        return found_inf.item() == 0
+
+
+def _defer_skip(found_inf, state_steps) -> None:
+    """Adam's step counts were advanced for a step that ``found_inf`` may
+    skip: taken back by ``_settle`` once it is known."""
+    optimizer = _active.optimizer
+    pending = _unsettled_skips.setdefault(optimizer, [])
+    if pending and pending[-1][0] is found_inf:  # another group or layer of the same step
+        pending[-1][1].extend(state_steps)
+    else:
+        pending.append((found_inf, list(state_steps)))
+    if optimizer not in _settle_hooked:
+        _settle_hooked.add(optimizer)
+        optimizer.register_state_dict_pre_hook(_settle)
+        optimizer.register_load_state_dict_pre_hook(lambda opt, state_dict: _unsettled_skips.pop(opt, None))
+
+
+def _settle(optimizer) -> None:
+    """Takes back the step-count advance of each skipped step of
+    ``optimizer`` (``found_inf`` read: computed by an earlier execution, no
+    new one unless its step was not marked yet)."""
+    for found_inf, state_steps in _unsettled_skips.pop(optimizer, ()):
+        with syncs.planned_read("GradScaler's found_inf of an earlier step (Adam's step count)"):
+            skipped = found_inf.item() != 0
+        if skipped:
+            for step in state_steps:
+                step.sub_(1)
 
 
 def _adam_init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps):
@@ -121,18 +224,25 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
           differentiable=False, fused=None, grad_scale=None, found_inf=None, has_complex=False,
           decoupled_weight_decay=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
     """torch.optim.adam.adam, traced as one node when the stepping optimizer is fused."""
+    amp = _amp_claimed(grad_scale, found_inf)
     if _fusing(params):
-        why = _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, beta1, beta2,
-                         lr)
+        why = _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad_scale, found_inf, beta1,
+                         beta2, lr)
         if why is None:
+            if amp and grad_scale is not None:
+                _unscale(grads, grad_scale)
             lists = params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps
             for chunk in _by_layer(params, lists):
                 _fused_adam_step(*chunk, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
                                  weight_decay=weight_decay, eps=eps, maximize=maximize,
-                                 decoupled=decoupled_weight_decay)
+                                 decoupled=decoupled_weight_decay, found_inf=found_inf if amp else None)
             metrics.count_optimizer_group(None)
             return
         metrics.count_optimizer_group(why)
+    if amp:
+        if not _step_taken_eagerly(grads, grad_scale, found_inf):
+            return
+        grad_scale = found_inf = None
     _original_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=foreach,
                    capturable=capturable, differentiable=differentiable, fused=fused, grad_scale=grad_scale,
                    found_inf=found_inf, has_complex=has_complex, decoupled_weight_decay=decoupled_weight_decay,
@@ -168,38 +278,46 @@ def _fusing(params) -> bool:
 def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=None, fused=None, grad_scale=None,
          found_inf=None, *, weight_decay, momentum, lr, dampening, nesterov, maximize):
     """torch.optim.sgd.sgd, traced as one node when the stepping optimizer is fused."""
+    amp = _amp_claimed(grad_scale, found_inf)
     if _fusing(params):
-        why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum,
-                             lr, weight_decay)
+        why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, amp, grad_scale, found_inf,
+                             momentum, lr, weight_decay)
         if why is None:
+            if amp and grad_scale is not None:
+                _unscale(d_p_list, grad_scale)
             for indices, chunk in _by_layer(params, (params, d_p_list, momentum_buffer_list), with_indices=True):
                 _fused_sgd_step(*chunk, weight_decay=float(weight_decay), momentum=float(momentum), lr=lr,
-                                dampening=float(dampening), nesterov=bool(nesterov), maximize=bool(maximize))
+                                dampening=float(dampening), nesterov=bool(nesterov), maximize=bool(maximize),
+                                found_inf=found_inf if amp else None)
                 for i, buffer in zip(indices, chunk[2]):  # its first step makes the buffers
                     momentum_buffer_list[i] = buffer
             metrics.count_optimizer_group(None)
             return
         metrics.count_optimizer_group(why)
+    if amp:
+        if not _step_taken_eagerly(d_p_list, grad_scale, found_inf):
+            return
+        grad_scale = found_inf = None
     _original_sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=has_sparse_grad, foreach=foreach,
                   fused=fused, grad_scale=grad_scale, found_inf=found_inf, weight_decay=weight_decay,
                   momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov, maximize=maximize)
 
 
-def _unfusable_group(params, fused, grad_scale, found_inf, lr, state_steps=()) -> str | None:
+def _unfusable_group(params, fused, amp, grad_scale, found_inf, lr, state_steps=()) -> str | None:
     """Why a parameter group of any fused optimizer keeps torch's own path
     (None: nothing here stops it). The per-tensor checks (complex or
     non-float parameters, not all on one lazy device, Adam's step counts
     not on the CPU) are one C++ call: lazy_backend/optimizer_checks.h."""
     if fused:
         return "fused=True"
-    if grad_scale is not None or found_inf is not None:
-        return "grad_scale/found_inf (AMP)"
+    if not amp and (grad_scale is not None or found_inf is not None):
+        return "grad_scale/found_inf set on the optimizer by hand"
     if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
         return "lr tensor that is not a plain CPU value"
     return _C.group_tensors_unfusable(params, list(state_steps))
 
 
-def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_scale, found_inf, momentum, lr,
+def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, amp, grad_scale, found_inf, momentum, lr,
                    weight_decay) -> str | None:
     """Why this SGD parameter group keeps torch's own path (None: it is fused)."""
     if has_sparse_grad:
@@ -208,7 +326,9 @@ def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, grad_sc
         return "tensor weight_decay"
     if momentum != 0 and len({b is None for b in momentum_buffer_list}) > 1:
         return "momentum buffers that only some parameters have"
-    return _unfusable_group(params, fused, grad_scale, found_inf, lr)
+    if amp and found_inf is not None and momentum != 0 and momentum_buffer_list and momentum_buffer_list[0] is None:
+        return "GradScaler on the first momentum step (a skip leaves no buffers)"
+    return _unfusable_group(params, fused, amp, grad_scale, found_inf, lr)
 
 
 _lr_on_device: dict = {}  # (lr, device, backing) -> its 0-d float64 lazy tensor: no transfer per step while lr holds
@@ -227,20 +347,20 @@ def _lr_tensor(lr: float, device: torch.device) -> torch.Tensor:
 
 
 def _fused_sgd_step(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov,
-                    maximize) -> None:
+                    maximize, found_inf) -> None:
     device = params[0].device
     lr = lr.item() if isinstance(lr, torch.Tensor) else float(lr)
     first = momentum != 0 and momentum_buffer_list[0] is None  # torch's SGD makes each buffer from the gradient
     buffers = [] if momentum == 0 or first else list(momentum_buffer_list)
     arguments = [params, grads, buffers, _lr_tensor(lr, device), weight_decay, momentum, dampening,
-                 nesterov, maximize]
+                 nesterov, maximize, found_inf]
     if first:  # new state tensors for the results to go into, as the optimizer's own
         for i, p in enumerate(params):
             momentum_buffer_list[i] = torch.empty_like(p)
     _trace_update(SGD_STEP, arguments, [params, momentum_buffer_list if momentum != 0 else []])
 
 
-def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scale, found_inf, beta1, beta2,
+def _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad_scale, found_inf, beta1, beta2,
                lr) -> str | None:
     """Why this Adam parameter group keeps torch's own path (None: it is fused)."""
     if capturable:
@@ -249,21 +369,23 @@ def _unfusable(params, state_steps, capturable, differentiable, fused, grad_scal
         return "differentiable=True"
     if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
         return "tensor betas"
-    return _unfusable_group(params, fused, grad_scale, found_inf, lr, state_steps)
+    return _unfusable_group(params, fused, amp, grad_scale, found_inf, lr, state_steps)
 
 
 def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
-                     weight_decay, eps, maximize, decoupled) -> None:
+                     weight_decay, eps, maximize, decoupled, found_inf) -> None:
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
     beta1, beta2, weight_decay, eps = float(beta1), float(beta2), float(weight_decay), float(eps)
     # Adam's ``step_t += 1`` and its per-step scalars, one input per distinct
     # step count: an input, so a new step or learning rate needs no new graph
     scalars, scalar_rows = _C.advance_adam_steps(state_steps, float(lr), weight_decay, beta1, beta2,
                                                  params[0].device)
+    if found_inf is not None:
+        _defer_skip(found_inf, state_steps)
 
     # the tensors as they are: the node reads their current values (builtin_op_node.h)
     arguments = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows, beta1, beta2,
-                 weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled)]
+                 weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled), found_inf]
     # grads are not written, as by torch's Adam
     _trace_update(ADAM_STEP, arguments, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs])
 

@@ -132,20 +132,13 @@ def _eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 def _amp_unscale(self, found_inf, inv_scale):
-    # GradScaler.unscale_: each gradient times inv_scale, in float32 (float64
-    # for float64) and back, as aten's kernel computes it, and found_inf set to
-    # 1 where any value is not finite; the eager fallback executed the step's
-    # graph there and copied every gradient (19 graph executions a GPT-2 step)
-    if not self:
-        return [], found_inf
-    out, nonfinite = [], []
-    for t in self:
-        opmath = torch.float64 if t.dtype == torch.float64 else torch.float32
-        scaled = aten.mul.Tensor(aten._to_copy.default(t, dtype=opmath), inv_scale)
-        out.append(aten._to_copy.default(scaled, dtype=t.dtype))
-        nonfinite.append(aten.logical_not.default(aten.all.default(aten.isfinite.default(t))))
-    found = aten.any.default(aten.stack.default(nonfinite))
-    return out, aten.where.self(found, aten.ones_like.default(found_inf), found_inf)
+    # GradScaler's unscale and inf check: no TorchScript lowering (the eager
+    # fallback executed the step's graph and copied every gradient: 19
+    # graph executions a GPT-2 step), and a Tensor[] return the generic
+    # builtin path does not take. One node (per-tensor ops traced here cost
+    # ~0.5 ms a call on GPT-2), expanded into per-tensor ops when compiled
+    # (lowering/fused_optimizer.py), aten's kernel in TorchScript.
+    return trace_builtin(aten._amp_foreach_non_finite_check_and_unscale.default, [self, found_inf, inv_scale], {})
 
 
 HAND_WRITTEN = {

@@ -44,17 +44,19 @@ ADAM_STEP = "lazy_mlir::adam_step"
 ADAM_STEP_SCHEMA = (
     "adam_step(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, "
     "Tensor[] max_exp_avg_sqs, Tensor[] step_scalars, int[] scalar_rows, float beta1, float beta2, float weight_decay, float eps, "
-    "bool amsgrad, bool maximize, bool decoupled_weight_decay) -> (Tensor[], Tensor[], Tensor[], Tensor[])")
+    "bool amsgrad, bool maximize, bool decoupled_weight_decay, Tensor? found_inf=None) "
+    "-> (Tensor[], Tensor[], Tensor[], Tensor[])")
 DECAY, BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE = range(3)  # a step_scalars tensor's entries (adam_scalars.h)
 
 
 def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows, beta1,
-                beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, dtype_of: Callable,
-                place: Callable = lambda what: contextlib.nullcontext()):
+                beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, found_inf=None, *,
+                dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
     """The op's results (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs after
     the step). ``emit(target, *args, **kwargs)`` runs or records one aten
     call; ``dtype_of`` gives a value's dtype; ``place(i)`` (a context) is
-    where parameter ``i``'s update is recorded."""
+    where parameter ``i``'s update is recorded. ``found_inf`` (GradScaler's,
+    0-d, non-zero when a gradient overflowed) keeps every tensor as it was."""
 
     def scalar(i, which):  # Adam's Python scalar, as the parameter's (op math) dtype
         dtype = dtype_of(params[i])
@@ -67,7 +69,23 @@ def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
             _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scalar, beta1, beta2,
                         weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
                         new_params, new_exp_avgs, new_exp_avg_sqs, new_max)
+            if found_inf is not None:
+                kept = _keeper(emit, found_inf)
+                for olds, news in ((params, new_params), (exp_avgs, new_exp_avgs), (exp_avg_sqs, new_exp_avg_sqs),
+                                   (max_exp_avg_sqs, new_max)):
+                    if news:
+                        news[i] = kept(olds[i], news[i])
     return new_params, new_exp_avgs, new_exp_avg_sqs, new_max
+
+
+def _keeper(emit: Callable, found_inf):
+    """``kept(old, new)``: ``old`` where ``found_inf`` is set (GradScaler
+    skips the step), else ``new``: what torch's fused Adam/SGD kernels do
+    with AMP's found_inf, and what GradScaler's skipped ``optimizer.step()``
+    leaves. Selected, not computed with ``found_inf`` as a factor: an
+    overflowed step's values are inf or nan."""
+    skip = emit(aten.ne.Scalar, found_inf, 0)
+    return lambda old, new: emit(aten.where.self, skip, old, new)
 
 
 def _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scalar, beta1, beta2, weight_decay, eps,
@@ -102,14 +120,16 @@ def _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scal
 SGD_STEP = "lazy_mlir::sgd_step"
 SGD_STEP_SCHEMA = (
     "sgd_step(Tensor[] params, Tensor[] grads, Tensor[] momentum_buffers, Tensor lr, float weight_decay, "
-    "float momentum, float dampening, bool nesterov, bool maximize) -> (Tensor[], Tensor[])")
+    "float momentum, float dampening, bool nesterov, bool maximize, Tensor? found_inf=None) -> (Tensor[], Tensor[])")
 
 
 def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay, momentum, dampening, nesterov,
-               maximize, dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
+               maximize, found_inf=None, *, dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
     """The op's results (params, momentum buffers after the step). With
     momentum and no buffers given, it is the first step: each buffer starts
-    as the gradient, as torch's SGD does; without momentum there are none."""
+    as the gradient, as torch's SGD does; without momentum there are none.
+    ``found_inf`` as for Adam (never with a first step: a skipped first
+    step would leave no buffers, lazy_mlir.fused_optimizer does not fuse it)."""
     new_params, new_buffers = [], []
     for i, (param, grad) in enumerate(zip(params, grads)):
         with place(i):
@@ -130,6 +150,11 @@ def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay
                            dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
             # param.add_(grad, alpha=-lr)
             new_params.append(emit(aten.sub.Tensor, param, emit(aten.mul.Tensor, grad, step_lr)))
+            if found_inf is not None:
+                kept = _keeper(emit, found_inf)
+                new_params[i] = kept(param, new_params[i])
+                if new_buffers:
+                    new_buffers[i] = kept(momentum_buffers[i], new_buffers[i])
     return new_params, new_buffers
 
 
@@ -155,10 +180,11 @@ def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple
     """The FX expansion of one ``lazy_mlir::adam_step`` call (``args``: its
     schema arguments in order, tensors as FX nodes) into ``graph``."""
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows = args[:7]
+    found_inf = args[14] if len(args) > 14 else None
 
     def inputs_of(i):
         return [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[scalar_rows[i]]] + (
-            [max_exp_avg_sqs[i]] if max_exp_avg_sqs else [])
+            [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []) + ([found_inf] if found_inf is not None else [])
 
     return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
 
@@ -166,11 +192,38 @@ def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple
 def expand_sgd_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
     """The FX expansion of one ``lazy_mlir::sgd_step`` call, as above."""
     params, grads, buffers, lr = args[:4]
+    found_inf = args[9] if len(args) > 9 else None
 
     def inputs_of(i):
-        return [params[i], grads[i], lr] + ([buffers[i]] if buffers else [])
+        return [params[i], grads[i], lr] + ([buffers[i]] if buffers else []) + (
+            [found_inf] if found_inf is not None else [])
 
     return sgd_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
 
 
-EXPANSIONS = {ADAM_STEP: expand_adam_step, SGD_STEP: expand_sgd_step}
+# GradScaler's unscale and inf check (aten's, no TorchScript lowering:
+# traced as a builtin node, one per call, lazy_kernels), which Inductor has
+# no lowering for either (an extern call to aten's kernel): each gradient
+# times inv_scale in float32 (float64 for float64) and back, as aten's
+# kernel computes it, and found_inf set to 1 where a value is not finite.
+AMP_UNSCALE = "aten::_amp_foreach_non_finite_check_and_unscale"
+
+
+def expand_amp_unscale(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple:
+    grads, found_inf, inv_scale = args
+    place = _placer(graph, lambda i: [grads[i], inv_scale])
+    out, nonfinite = [], []
+    for i, grad in enumerate(grads):
+        with place(i):  # by its gradient, where Inductor can fuse the check with what computed it
+            dtype = grad.meta["val"].dtype
+            opmath = torch.float64 if dtype == torch.float64 else torch.float32
+            scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, grad, dtype=opmath), inv_scale)
+            out.append(emit(aten._to_copy.default, scaled, dtype=dtype))
+            nonfinite.append(emit(aten.logical_not.default, emit(aten.all.default, emit(aten.isfinite.default, grad))))
+    if not out:
+        return out, found_inf
+    found = emit(aten.any.default, emit(aten.stack.default, nonfinite))
+    return out, emit(aten.where.self, found, emit(aten.ones_like.default, found_inf), found_inf)
+
+
+EXPANSIONS = {ADAM_STEP: expand_adam_step, SGD_STEP: expand_sgd_step, AMP_UNSCALE: expand_amp_unscale}
