@@ -27,10 +27,9 @@ from . import onednn_linear
 
 # Inductor fuses independent kernels ("horizontally") only when they read at
 # least this many bytes in common (its default: 10). Above the 24 bytes of
-# Adam's per-step scalars, which every parameter's update reads, and the 8
-# more of a GradScaler step (found_inf, the inverse scale): those updates
-# stay each after its gradient (lowering/fused_optimizer.py).
-FUSION_MEMORY_THRESHOLD = 40
+# Adam's per-step scalars, which every parameter's update reads: those
+# updates stay each after its gradient (lowering/fused_optimizer.py).
+FUSION_MEMORY_THRESHOLD = 32
 
 
 class _OurLowerings(CustomGraphPass):
