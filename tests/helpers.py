@@ -245,15 +245,18 @@ def end_step(device, loss, losses: list, snapshots: list) -> None:
     losses.append(loss.item())
 
 
-def scaled_fp16_training(device, init_scale, make_opt, steps=4):
-    """The zoo's HF GPT-2 trained ``steps`` steps in float32 under float16
+def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2"):
+    """A zoo model (HF GPT-2) trained ``steps`` steps in float32 under float16
     autocast with torch.amp.GradScaler from ``init_scale``. Returns the
     losses, the scales after each step, the lazy metrics of each step,
     the optimizer's progress after each (Adam's step count in
     ``state_dict()``, else the momentum's norm), the final parameters and
     the first three gradients of the last step (on the CPU)."""
+    if _ZOO_DIR not in sys.path:
+        sys.path.insert(0, _ZOO_DIR)
     import zoo
-    v = zoo.base_variant("gpt2")
+
+    v = zoo.base_variant(name)
     model = zoo.make_model(v, dtype=torch.float32).to(device).train()
     opt = make_opt(model.parameters())
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
@@ -261,7 +264,7 @@ def scaled_fp16_training(device, init_scale, make_opt, steps=4):
     for batch in zoo.batches(v, steps, dtype=torch.float32)[:steps]:
         metrics.reset()
         with torch.autocast(device.type, dtype=torch.float16):
-            loss = zoo.SPECS["gpt2"].loss(model, *(t.to(device) for t in batch))
+            loss = zoo.SPECS[name].loss(model, *(t.to(device) for t in batch))
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
