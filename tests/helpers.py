@@ -245,9 +245,10 @@ def end_step(device, loss, losses: list, snapshots: list) -> None:
     losses.append(loss.item())
 
 
-def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2"):
+def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2", growth_interval=2000):
     """A zoo model (HF GPT-2) trained ``steps`` steps in float32 under float16
-    autocast with torch.amp.GradScaler from ``init_scale``. Returns the
+    autocast with torch.amp.GradScaler from ``init_scale`` (growing it
+    after ``growth_interval`` steps without overflow). Returns the
     losses, the scales after each step, the lazy metrics of each step,
     the optimizer's progress after each (Adam's step count in
     ``state_dict()``, else the momentum's norm), the final parameters and
@@ -259,7 +260,7 @@ def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2"):
     v = zoo.base_variant(name)
     model = zoo.make_model(v, dtype=torch.float32).to(device).train()
     opt = make_opt(model.parameters())
-    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
     losses, scales, snapshots, steps_taken = [], [], [], []
     for batch in zoo.batches(v, steps, dtype=torch.float32)[:steps]:
         metrics.reset()

@@ -246,6 +246,75 @@ def test_grad_scaler_steps_in_one_graph(lazy_level, make_opt, reads_until_taken)
         assert s["optimizer_groups_fused"] == (0 if reads else 1), s
 
 
+def _run_expansion(expand, args):
+    """``expand`` (lowering/grad_scaler.py) recorded into an FX graph whose
+    inputs are ``args``' tensors (lists of them too), then run."""
+    import torch.fx as fx
+    graph, inputs = fx.Graph(), []
+
+    def placeholder(t):
+        node = graph.placeholder(f"x{len(inputs)}")
+        node.meta["val"] = t
+        inputs.append(t)
+        return node
+
+    nodes = [[placeholder(t) for t in a] if isinstance(a, list) else placeholder(a) if torch.is_tensor(a) else a
+             for a in args]
+    results = expand(lambda target, *a, **k: graph.call_function(target, a, k), graph, nodes)
+    graph.output(results)
+    return fx.GraphModule(torch.nn.Module(), graph)(*inputs)
+
+
+@pytest.mark.parametrize("found, tracker, scale, factors", [
+    (0.0, 0, 1024.0, (2.0, 0.5)), (0.0, 2, 1024.0, (2.0, 0.5)), (1.0, 2, 1024.0, (2.0, 0.5)),
+    (0.0, 2, 3e38, (2.0, 0.5)),   # growth overflows: the scale stays
+    (0.0, 2, 1000.3, (1.3, 0.9)), (1.0, 1, 1000.3, (1.3, 0.9)),  # rounded as aten's (in float64: float32 differs)
+])
+def test_update_scale_expansion_computes_as_atens_kernel(found, tracker, scale, factors):
+    from lazy_mlir.lowering.grad_scaler import expand_amp_update_scale
+    args = [torch.tensor(scale), torch.tensor(tracker, dtype=torch.int32), torch.tensor(found), *factors, 3]
+    want = torch.ops.aten._amp_update_scale(*args)
+    got = _run_expansion(expand_amp_update_scale, args)
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    assert [g.item() for g in got] == [w.item() for w in want], (got, want)
+
+
+def test_unscale_expansion_computes_as_atens_kernel():
+    from lazy_mlir.lowering.grad_scaler import expand_amp_unscale
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g, dtype=dtype) * 1000 for dtype in (torch.float16, torch.float32,
+                                                                             torch.float64)]
+    for bad in (None, float("inf"), float("nan")):
+        case = [t.clone() for t in grads]
+        if bad is not None:
+            case[1][2, 1] = bad
+        args = [case, torch.tensor(0.0), torch.tensor(1 / 1024.0)]
+        got = _run_expansion(expand_amp_unscale, args)
+        want = torch.ops.aten._amp_foreach_non_finite_check_and_unscale(*args)
+        assert got[1].item() == want[1].item() == (bad is not None)
+        for a, b in zip(got[0], want[0]):
+            assert a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan())
+            assert torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def test_grad_scaler_grows_and_backs_off_as_eagerly(lazy_level):
+    """GradScaler.update in the compiled graph (aten's _amp_update_scale
+    expanded, lowering/grad_scaler.py, not Inductor's extern call): with
+    growth_interval=1 the scale doubles after every step taken and halves
+    after every overflow, eager's sequence step for step."""
+    make_opt = lambda params: torch.optim.AdamW(params, lr=1e-3)  # noqa: E731
+    eager_losses, eager_scales, _, eager_steps, _, _ = scaled_fp16_training(CPU, 2.0 ** 18, make_opt, 6,
+                                                                             growth_interval=1)
+    losses, scales, snapshots, steps, _, _ = scaled_fp16_training(LAZY, 2.0 ** 18, make_opt, 6, growth_interval=1)
+    assert scales == eager_scales and steps == eager_steps, (scales, eager_scales, steps, eager_steps)
+    pairs = list(zip(scales, scales[1:]))
+    assert any(b > a for a, b in pairs) and any(b < a for a, b in pairs), scales  # both branches ran
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-3, atol=0)
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
+
+
 @pytest.mark.parametrize("name", ["resnet", *(n for n in _zoo_names() if not isinstance(n, str))])
 def test_a_zoo_model_steps_with_grad_scaler_as_eagerly(lazy_level, name):
     """Float16 autocast with GradScaler (its default scale, 2**16, which

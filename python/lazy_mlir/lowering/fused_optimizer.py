@@ -158,7 +158,7 @@ def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay
     return new_params, new_buffers
 
 
-def _placer(graph: torch.fx.Graph, inputs_of: Callable):
+def placer(graph: torch.fx.Graph, inputs_of: Callable):
     """``place(i)`` for an expansion: parameter ``i``'s update goes right
     after the last of its inputs (its gradient), not at the node's place
     after the whole backward: where the op-by-op trace has it (LTC lowers
@@ -186,7 +186,7 @@ def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple
         return [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[scalar_rows[i]]] + (
             [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []) + ([found_inf] if found_inf is not None else [])
 
-    return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
+    return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=placer(graph, inputs_of))
 
 
 def expand_sgd_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
@@ -198,32 +198,7 @@ def expand_sgd_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[
         return [params[i], grads[i], lr] + ([buffers[i]] if buffers else []) + (
             [found_inf] if found_inf is not None else [])
 
-    return sgd_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=_placer(graph, inputs_of))
+    return sgd_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=placer(graph, inputs_of))
 
 
-# GradScaler's unscale and inf check (aten's, no TorchScript lowering:
-# traced as a builtin node, one per call, lazy_kernels), which Inductor has
-# no lowering for either (an extern call to aten's kernel): each gradient
-# times inv_scale in float32 (float64 for float64) and back, as aten's
-# kernel computes it, and found_inf set to 1 where a value is not finite.
-AMP_UNSCALE = "aten::_amp_foreach_non_finite_check_and_unscale"
-
-
-def expand_amp_unscale(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple:
-    grads, found_inf, inv_scale = args
-    place = _placer(graph, lambda i: [grads[i], inv_scale])
-    out, nonfinite = [], []
-    for i, grad in enumerate(grads):
-        with place(i):  # by its gradient, where Inductor can fuse the check with what computed it
-            dtype = grad.meta["val"].dtype
-            opmath = torch.float64 if dtype == torch.float64 else torch.float32
-            scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, grad, dtype=opmath), inv_scale)
-            out.append(emit(aten._to_copy.default, scaled, dtype=dtype))
-            nonfinite.append(emit(aten.logical_not.default, emit(aten.all.default, emit(aten.isfinite.default, grad))))
-    if not out:
-        return out, found_inf
-    found = emit(aten.any.default, emit(aten.stack.default, nonfinite))
-    return out, emit(aten.where.self, found, emit(aten.ones_like.default, found_inf), found_inf)
-
-
-EXPANSIONS = {ADAM_STEP: expand_adam_step, SGD_STEP: expand_sgd_step, AMP_UNSCALE: expand_amp_unscale}
+EXPANSIONS = {ADAM_STEP: expand_adam_step, SGD_STEP: expand_sgd_step}

@@ -26,8 +26,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .errors import ConversionError, NoSymbolicShapes
 from .fused_optimizer import EXPANSIONS as _OPTIMIZER_EXPANSIONS
+from .grad_scaler import EXPANSIONS as _GRAD_SCALER_EXPANSIONS
 from .op_aliases import alias_of
 from .size_constants import is_size_constant, size_constants  # noqa: F401 - re-exported
+
+_EXPANSIONS = {**_OPTIMIZER_EXPANSIONS, **_GRAD_SCALER_EXPANSIONS}
 
 
 
@@ -251,8 +254,8 @@ class _Converter:
                 args.append(converted)
         if op in _INDEX_PUTS:
             args[1] = self._explicit_leading_indices(args[0], args[1])
-        expand = _OPTIMIZER_EXPANSIONS.get(op._schema.name)
-        if expand is not None:  # tensor lists in and out: expanded into per-tensor ops
+        expand = _EXPANSIONS.get(op._schema.name)
+        if expand is not None:  # expanded into per-tensor aten ops (tensor lists in and out, GradScaler's)
             try:
                 results = expand(self.emit, self.graph, args + list(kwargs.values()))
             except Exception as exc:
