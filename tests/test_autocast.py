@@ -3,6 +3,7 @@ torch's own policy for the device behind it (python/lazy_mlir/autocast.py,
 lazy_backend/lazy_autocast.h). Checked against eager CPU autocast: the
 same dtype out of every module, losses within bfloat16's rounding, and one
 compiled graph a step."""
+import copy
 import os
 import subprocess
 import sys
@@ -244,6 +245,37 @@ def test_grad_scaler_steps_in_one_graph(lazy_level, make_opt, reads_until_taken)
         reads = reads_until_taken and i <= first_taken
         assert s["fallback_count"] == 0 and s["graph_executions"] == (2 if reads else 1), (i, metrics.report())
         assert s["optimizer_groups_fused"] == (0 if reads else 1), s
+
+
+def test_a_skipped_steps_count_is_taken_back_by_state_dict_and_load_state_dict_replaces_it(lazy_level):
+    """Adam's step count after a step GradScaler skips (traced as taken,
+    found_inf not yet read): state_dict() reads found_inf and gives eager's
+    count; load_state_dict() before then replaces the counts, and nothing
+    is taken back from the loaded ones afterwards."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(LAZY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("lazy", init_scale=2.0 ** 10)
+
+    def step(overflow: bool):
+        x = torch.full((2, 4), float("inf") if overflow else 1.0)
+        with torch.autocast("lazy", dtype=torch.float16):
+            loss = model(x.to(LAZY)).float().sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        torch._lazy.mark_step()
+
+    step(False)
+    saved = copy.deepcopy(opt.state_dict())  # step 1, taken (state_dict() holds the live tensors)
+    step(True)  # traced as step 2, skipped
+    assert [int(s["step"]) for s in opt.state_dict()["state"].values()] == [1, 1]
+    step(True)  # skipped again; loaded over before its skip is read
+    opt.load_state_dict(saved)
+    step(False)
+    assert [int(s["step"]) for s in opt.state_dict()["state"].values()] == [2, 2]
+    assert all(p.isfinite().all() for p in model.parameters())
 
 
 def _run_expansion(expand, args):

@@ -190,7 +190,13 @@ def _defer_skip(found_inf, state_steps) -> None:
     if optimizer not in _settle_hooked:
         _settle_hooked.add(optimizer)
         optimizer.register_state_dict_pre_hook(_settle)
-        optimizer.register_load_state_dict_pre_hook(lambda opt, state_dict: _unsettled_skips.pop(opt, None))
+        optimizer.register_load_state_dict_pre_hook(_forget_skips)
+
+
+def _forget_skips(optimizer, state_dict) -> None:
+    """Before ``load_state_dict``: its step counts replace those to take back
+    (returns None: a hook's result would replace the state dict)."""
+    _unsettled_skips.pop(optimizer, None)
 
 
 def _settle(optimizer) -> None:
