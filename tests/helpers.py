@@ -245,10 +245,12 @@ def end_step(device, loss, losses: list, snapshots: list) -> None:
     losses.append(loss.item())
 
 
-def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2", growth_interval=2000):
+def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2", growth_interval=2000, clip=None):
     """A zoo model (HF GPT-2) trained ``steps`` steps in float32 under float16
     autocast with torch.amp.GradScaler from ``init_scale`` (growing it
-    after ``growth_interval`` steps without overflow). Returns the
+    after ``growth_interval`` steps without overflow; with ``clip``, the
+    gradients unscaled by the user and their norm clipped to it before the
+    step, as HF's Trainer does). Returns the
     losses, the scales after each step, the lazy metrics of each step,
     the optimizer's progress after each (Adam's step count in
     ``state_dict()``, else the momentum's norm), the final parameters and
@@ -267,6 +269,9 @@ def scaled_fp16_training(device, init_scale, make_opt, steps=4, name="gpt2", gro
         with torch.autocast(device.type, dtype=torch.float16):
             loss = zoo.SPECS[name].loss(model, *(t.to(device) for t in batch))
         scaler.scale(loss).backward()
+        if clip is not None:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         scaler.step(opt)
         scaler.update()
         end_step(device, loss, losses, snapshots)

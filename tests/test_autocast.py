@@ -247,6 +247,23 @@ def test_grad_scaler_steps_in_one_graph(lazy_level, make_opt, reads_until_taken)
         assert s["optimizer_groups_fused"] == (0 if reads else 1), s
 
 
+def test_grad_scaler_with_the_users_unscale_and_clipping_steps_in_one_graph(lazy_level):
+    """HF Trainer's float16 step: scaler.unscale_(opt), clip_grad_norm_,
+    scaler.step(opt). GradScaler then passes found_inf alone (the gradients
+    are unscaled already): skipped steps, scales and Adam's step counts as
+    eagerly, one graph execution a step."""
+    make_opt = lambda params: torch.optim.AdamW(params, lr=1e-3)  # noqa: E731
+    eager_losses, eager_scales, _, eager_steps, eager_params, _ = scaled_fp16_training(
+        CPU, 2.0 ** 18, make_opt, 5, clip=1.0)
+    losses, scales, snapshots, steps, params, _ = scaled_fp16_training(LAZY, 2.0 ** 18, make_opt, 5, clip=1.0)
+    assert scales == eager_scales and steps == eager_steps and 0 < steps[-1] < 5, (scales, steps, eager_steps)
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-3, atol=0)
+    torch.testing.assert_close(params, eager_params, rtol=0, atol=4e-3)  # Adam's sign flips, as above
+    for s in snapshots:
+        assert_compiled(s)
+        assert s["graph_executions"] == 1 and s["fallback_count"] == 0, metrics.report()
+
+
 def test_a_skipped_steps_count_is_taken_back_by_state_dict_and_load_state_dict_replaces_it(lazy_level):
     """Adam's step count after a step GradScaler skips (traced as taken,
     found_inf not yet read): state_dict() reads found_inf and gives eager's
