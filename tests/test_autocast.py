@@ -346,6 +346,39 @@ def test_unscale_expansion_computes_as_atens_kernel():
             assert torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_the_fused_step_unscales_as_grad_scaler_does(optimizer):
+    """The fused node given GradScaler's grad_scale unscales the gradients
+    itself (lowering/fused_optimizer.py): bit for bit what aten's unscale
+    with GradScaler's inv_scale gives, then the same step, for float32 and
+    float64 gradients (float16 in float32, as aten's) and a scale 1000.3; the
+    unscaled gradients are its last result."""
+    from lazy_mlir.lowering.fused_optimizer import adam_update, sgd_update
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(4, 3, generator=g, dtype=dtype) for dtype in (torch.float16, torch.float32, torch.float64)]
+    grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) * 500 for p in params]
+    states = [torch.rand(p.shape, generator=g, dtype=p.dtype) for p in params]
+    scale = torch.tensor(1000.3)
+
+    def step(grads, grad_scale=None):
+        run = lambda target, *a, **k: target(*a, **k)  # noqa: E731
+        if optimizer == "adam":
+            scalars = [torch.tensor([1 - 1e-4, 0.3, -1e-3], dtype=torch.float64)]
+            return adam_update(run, params, grads, states, states, [], scalars, [0, 0, 0], 0.9, 0.99, 0.1, 1e-8,
+                               False, False, True, None, grad_scale, dtype_of=lambda t: t.dtype)
+        return sgd_update(run, params, grads, states, torch.tensor(0.01, dtype=torch.float64), 0.1, 0.9, 0.0,
+                          False, False, None, grad_scale, dtype_of=lambda t: t.dtype)
+
+    unscaled = [t.clone() for t in grads]
+    torch._amp_foreach_non_finite_check_and_unscale_(unscaled, torch.tensor(0.0),
+                                                     scale.double().reciprocal().float())
+    fused, want = step(grads, scale), step(unscaled)
+    assert all(torch.equal(a, b) for a, b in zip(fused[-1], unscaled)), "gradients unscaled otherwise"
+    assert not want[-1] and len(fused) == len(want)
+    for got_list, want_list in zip(fused[:-1], want[:-1]):
+        assert all(torch.equal(a, b) for a, b in zip(got_list, want_list))
+
+
 def test_grad_scaler_grows_and_backs_off_as_eagerly(lazy_level):
     """GradScaler.update in the compiled graph (aten's _amp_update_scale
     expanded, lowering/grad_scaler.py, not Inductor's extern call): with

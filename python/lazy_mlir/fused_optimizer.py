@@ -47,9 +47,9 @@ GradScaler (float16): a fused optimizer answers
 ``_step_supports_amp_scaling`` (as torch's ``fused=True`` ones do), so
 ``GradScaler.step`` hands it ``grad_scale``/``found_inf`` instead of
 reading ``found_inf`` (a graph execution mid-step) to decide whether to
-call ``step``. The gradients are unscaled in the graph as GradScaler's
-``unscale_`` would (written back, so ``.grad`` reads as eagerly), and the
-node keeps every tensor as it was where ``found_inf`` is set: one graph a
+call ``step``. The fused node itself unscales the gradients, as
+GradScaler's ``unscale_`` would (written back, so ``.grad`` reads as
+eagerly; ``found_inf`` is GradScaler's own inf check's), and keeps every tensor as it was where ``found_inf`` is set: one graph a
 step. Adam's step counts stay on the CPU, advanced when traced; a
 skipped step's advance is taken back when ``found_inf`` has been computed,
 read at the optimizer's next step (or ``state_dict()``), before its
@@ -157,10 +157,10 @@ def _amp_claimed(grad_scale, found_inf) -> bool:
 
 
 def _unscale(grads, grad_scale) -> None:
-    """GradScaler.unscale_'s arithmetic, traced (one node): each gradient
-    times ``1 / grad_scale`` (computed as GradScaler computes it), in
-    place; the inf check's own result is not needed (GradScaler's
-    ``found_inf``): the compiled graph drops it."""
+    """For a group that is not fused, GradScaler.unscale_'s arithmetic,
+    traced (one node): each gradient times ``1 / grad_scale`` (computed as
+    GradScaler computes it), in place; the inf check's own result is not
+    needed (GradScaler's ``found_inf``): the compiled graph drops it."""
     inv_scale = grad_scale.double().reciprocal().float()
     scratch = torch.zeros((), dtype=torch.float32, device=inv_scale.device)
     torch._amp_foreach_non_finite_check_and_unscale_(grads, scratch, inv_scale)
@@ -235,13 +235,12 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
         why = _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad_scale, found_inf, beta1,
                          beta2, lr)
         if why is None:
-            if amp and grad_scale is not None:
-                _unscale(grads, grad_scale)
             lists = params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps
             for chunk in _by_layer(params, lists):
                 _fused_adam_step(*chunk, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
                                  weight_decay=weight_decay, eps=eps, maximize=maximize,
-                                 decoupled=decoupled_weight_decay, found_inf=found_inf if amp else None)
+                                 decoupled=decoupled_weight_decay, found_inf=found_inf if amp else None,
+                                 grad_scale=grad_scale if amp else None)
             metrics.count_optimizer_group(None)
             return
         metrics.count_optimizer_group(why)
@@ -289,12 +288,10 @@ def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=
         why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, amp, grad_scale, found_inf,
                              momentum, lr, weight_decay)
         if why is None:
-            if amp and grad_scale is not None:
-                _unscale(d_p_list, grad_scale)
             for indices, chunk in _by_layer(params, (params, d_p_list, momentum_buffer_list), with_indices=True):
                 _fused_sgd_step(*chunk, weight_decay=float(weight_decay), momentum=float(momentum), lr=lr,
                                 dampening=float(dampening), nesterov=bool(nesterov), maximize=bool(maximize),
-                                found_inf=found_inf if amp else None)
+                                found_inf=found_inf if amp else None, grad_scale=grad_scale if amp else None)
                 for i, buffer in zip(indices, chunk[2]):  # its first step makes the buffers
                     momentum_buffer_list[i] = buffer
             metrics.count_optimizer_group(None)
@@ -353,17 +350,18 @@ def _lr_tensor(lr: float, device: torch.device) -> torch.Tensor:
 
 
 def _fused_sgd_step(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov,
-                    maximize, found_inf) -> None:
+                    maximize, found_inf, grad_scale) -> None:
     device = params[0].device
     lr = lr.item() if isinstance(lr, torch.Tensor) else float(lr)
     first = momentum != 0 and momentum_buffer_list[0] is None  # torch's SGD makes each buffer from the gradient
     buffers = [] if momentum == 0 or first else list(momentum_buffer_list)
     arguments = [params, grads, buffers, _lr_tensor(lr, device), weight_decay, momentum, dampening,
-                 nesterov, maximize, found_inf]
+                 nesterov, maximize, found_inf, grad_scale]
     if first:  # new state tensors for the results to go into, as the optimizer's own
         for i, p in enumerate(params):
             momentum_buffer_list[i] = torch.empty_like(p)
-    _trace_update(SGD_STEP, arguments, [params, momentum_buffer_list if momentum != 0 else []])
+    _trace_update(SGD_STEP, arguments, [params, momentum_buffer_list if momentum != 0 else [],
+                                        _unscaled_in_place(grads, grad_scale)])
 
 
 def _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad_scale, found_inf, beta1, beta2,
@@ -379,7 +377,7 @@ def _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad
 
 
 def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
-                     weight_decay, eps, maximize, decoupled, found_inf) -> None:
+                     weight_decay, eps, maximize, decoupled, found_inf, grad_scale) -> None:
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
     beta1, beta2, weight_decay, eps = float(beta1), float(beta2), float(weight_decay), float(eps)
     # Adam's ``step_t += 1`` and its per-step scalars, one input per distinct
@@ -391,9 +389,17 @@ def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, stat
 
     # the tensors as they are: the node reads their current values (builtin_op_node.h)
     arguments = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows, beta1, beta2,
-                 weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled), found_inf]
-    # grads are not written, as by torch's Adam
-    _trace_update(ADAM_STEP, arguments, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs])
+                 weight_decay, eps, bool(amsgrad), bool(maximize), bool(decoupled), found_inf, grad_scale]
+    _trace_update(ADAM_STEP, arguments, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                                         _unscaled_in_place(grads, grad_scale)])
+
+
+def _unscaled_in_place(grads, grad_scale) -> list:
+    """The gradients the node writes: unscaled by it with GradScaler's
+    ``grad_scale`` (``.grad`` then reads as after GradScaler's own unscale,
+    as after torch's fused kernels); else none (torch's Adam and SGD leave
+    them as they are)."""
+    return grads if grad_scale is not None else []
 
 
 def _trace_update(op: str, arguments: list, updated: list[list[torch.Tensor]]) -> None:
@@ -410,8 +416,10 @@ def _eager_adam_step(*args):
         return adam_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
 
 
-def _meta_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *rest):
-    return tuple([torch.empty_like(t) for t in ts] for ts in (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs))
+def _meta_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *rest, grad_scale=None):
+    grad_scale = rest[10] if len(rest) > 10 else grad_scale
+    written = params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, grads if grad_scale is not None else []
+    return tuple([torch.empty_like(t) for t in ts] for ts in written)
 
 
 def _eager_sgd_step(*args):
@@ -419,8 +427,10 @@ def _eager_sgd_step(*args):
         return sgd_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
 
 
-def _meta_sgd_step(params, grads, momentum_buffers, lr, weight_decay, momentum, *rest):
-    return [torch.empty_like(t) for t in params], [torch.empty_like(t) for t in params] if momentum != 0 else []
+def _meta_sgd_step(params, grads, momentum_buffers, lr, weight_decay, momentum, *rest, grad_scale=None):
+    grad_scale = rest[4] if len(rest) > 4 else grad_scale
+    return ([torch.empty_like(t) for t in params], [torch.empty_like(t) for t in params] if momentum != 0 else [],
+            [torch.empty_like(t) for t in grads] if grad_scale is not None else [])
 
 
 _LIB = torch.library.Library("lazy_mlir", "FRAGMENT")

@@ -137,8 +137,13 @@ def _amp_unscale(self, found_inf, inv_scale):
     # graph executions a GPT-2 step), and a Tensor[] return the generic
     # builtin path does not take. One node (per-tensor ops traced here cost
     # ~0.5 ms a call on GPT-2), expanded into per-tensor ops when compiled
-    # (lowering/fused_optimizer.py), aten's kernel in TorchScript.
-    return trace_builtin(aten._amp_foreach_non_finite_check_and_unscale.default, [self, found_inf, inv_scale], {})
+    # (lowering/grad_scaler.py), aten's kernel in TorchScript. The outputs'
+    # shapes are the inputs': not the generic path's signature and meta
+    # kernel (~40 us a call over GPT-2's gradients; GradScaler calls it every step).
+    outputs = [(t.dtype, list(t.shape)) for t in self] + [(found_inf.dtype, list(found_inf.shape))]
+    *grads, found = _C.trace_builtin("aten::_amp_foreach_non_finite_check_and_unscale", "default",
+                                     [self, found_inf, inv_scale], outputs, [len(self), -1])
+    return grads, found
 
 
 HAND_WRITTEN = {

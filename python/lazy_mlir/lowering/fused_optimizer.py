@@ -44,28 +44,33 @@ ADAM_STEP = "lazy_mlir::adam_step"
 ADAM_STEP_SCHEMA = (
     "adam_step(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, "
     "Tensor[] max_exp_avg_sqs, Tensor[] step_scalars, int[] scalar_rows, float beta1, float beta2, float weight_decay, float eps, "
-    "bool amsgrad, bool maximize, bool decoupled_weight_decay, Tensor? found_inf=None) "
-    "-> (Tensor[], Tensor[], Tensor[], Tensor[])")
+    "bool amsgrad, bool maximize, bool decoupled_weight_decay, Tensor? found_inf=None, Tensor? grad_scale=None) "
+    "-> (Tensor[], Tensor[], Tensor[], Tensor[], Tensor[])")
 DECAY, BIAS_CORRECTION2_SQRT, NEG_STEP_SIZE = range(3)  # a step_scalars tensor's entries (adam_scalars.h)
 
 
 def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows, beta1,
-                beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, found_inf=None, *,
-                dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
+                beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay, found_inf=None, grad_scale=None,
+                *, dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
     """The op's results (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs after
-    the step). ``emit(target, *args, **kwargs)`` runs or records one aten
-    call; ``dtype_of`` gives a value's dtype; ``place(i)`` (a context) is
-    where parameter ``i``'s update is recorded. ``found_inf`` (GradScaler's,
-    0-d, non-zero when a gradient overflowed) keeps every tensor as it was."""
+    the step, the unscaled grads). ``emit(target, *args, **kwargs)`` runs or
+    records one aten call; ``dtype_of`` gives a value's dtype; ``place(i)``
+    (a context) is where parameter ``i``'s update is recorded. ``found_inf``
+    (GradScaler's, 0-d, non-zero when a gradient overflowed) keeps every
+    tensor as it was; ``grad_scale`` (GradScaler's scale) unscales the
+    gradients first (see ``_unscaled``)."""
 
     def scalar(i, which):  # Adam's Python scalar, as the parameter's (op math) dtype
         dtype = dtype_of(params[i])
         return emit(aten._to_copy.default, emit(aten.select.int, scalars[scalar_rows[i]], 0, which),
                     dtype=torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)
 
-    new_params, new_exp_avgs, new_exp_avg_sqs, new_max = [], [], [], []
+    new_params, new_exp_avgs, new_exp_avg_sqs, new_max, unscaled = [], [], [], [], []
     for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         with place(i):
+            if grad_scale is not None:
+                grad = _unscaled(emit, grad, grad_scale, dtype_of(grad))
+                unscaled.append(grad)
             _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scalar, beta1, beta2,
                         weight_decay, eps, amsgrad, maximize, decoupled_weight_decay,
                         new_params, new_exp_avgs, new_exp_avg_sqs, new_max)
@@ -75,7 +80,23 @@ def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
                                    (max_exp_avg_sqs, new_max)):
                     if news:
                         news[i] = kept(olds[i], news[i])
-    return new_params, new_exp_avgs, new_exp_avg_sqs, new_max
+    return new_params, new_exp_avgs, new_exp_avg_sqs, new_max, unscaled
+
+
+def _unscaled(emit: Callable, grad, grad_scale, dtype):
+    """GradScaler.unscale_'s arithmetic on one gradient: times
+    ``1 / grad_scale`` (float64 reciprocal, as GradScaler computes its
+    inv_scale, then float32), in float32 (float64 for float64) and back, as
+    aten's ``_amp_foreach_non_finite_check_and_unscale_``; not kept back
+    where ``found_inf`` is set, as GradScaler's unscale is not. In the node,
+    not traced before it: two traced calls of ~0.1 ms a step fewer (GradScaler's
+    own inf check has computed ``found_inf``)."""
+    inv_scale = emit(aten._to_copy.default,
+                     emit(aten.reciprocal.default, emit(aten._to_copy.default, grad_scale, dtype=torch.float64)),
+                     dtype=torch.float32)
+    opmath = torch.float64 if dtype == torch.float64 else torch.float32
+    scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, grad, dtype=opmath), inv_scale)
+    return emit(aten._to_copy.default, scaled, dtype=dtype)
 
 
 def _keeper(emit: Callable, found_inf):
@@ -120,19 +141,25 @@ def _update_one(emit, i, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sqs, scal
 SGD_STEP = "lazy_mlir::sgd_step"
 SGD_STEP_SCHEMA = (
     "sgd_step(Tensor[] params, Tensor[] grads, Tensor[] momentum_buffers, Tensor lr, float weight_decay, "
-    "float momentum, float dampening, bool nesterov, bool maximize, Tensor? found_inf=None) -> (Tensor[], Tensor[])")
+    "float momentum, float dampening, bool nesterov, bool maximize, Tensor? found_inf=None, Tensor? grad_scale=None) "
+    "-> (Tensor[], Tensor[], Tensor[])")
 
 
 def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay, momentum, dampening, nesterov,
-               maximize, found_inf=None, *, dtype_of: Callable, place: Callable = lambda what: contextlib.nullcontext()):
-    """The op's results (params, momentum buffers after the step). With
+               maximize, found_inf=None, grad_scale=None, *, dtype_of: Callable,
+               place: Callable = lambda what: contextlib.nullcontext()):
+    """The op's results (params, momentum buffers after the step, the
+    unscaled grads: ``grad_scale`` as for Adam). With
     momentum and no buffers given, it is the first step: each buffer starts
     as the gradient, as torch's SGD does; without momentum there are none.
     ``found_inf`` as for Adam (never with a first step: a skipped first
     step would leave no buffers, lazy_mlir.fused_optimizer does not fuse it)."""
-    new_params, new_buffers = [], []
+    new_params, new_buffers, unscaled = [], [], []
     for i, (param, grad) in enumerate(zip(params, grads)):
         with place(i):
+            if grad_scale is not None:
+                grad = _unscaled(emit, grad, grad_scale, dtype_of(grad))
+                unscaled.append(grad)
             if maximize:
                 grad = emit(aten.neg.default, grad)
             if weight_decay != 0:
@@ -155,7 +182,7 @@ def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay
                 new_params[i] = kept(param, new_params[i])
                 if new_buffers:
                     new_buffers[i] = kept(momentum_buffers[i], new_buffers[i])
-    return new_params, new_buffers
+    return new_params, new_buffers, unscaled
 
 
 def placer(graph: torch.fx.Graph, inputs_of: Callable):
@@ -180,11 +207,11 @@ def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple
     """The FX expansion of one ``lazy_mlir::adam_step`` call (``args``: its
     schema arguments in order, tensors as FX nodes) into ``graph``."""
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, scalar_rows = args[:7]
-    found_inf = args[14] if len(args) > 14 else None
+    amp = [a for a in args[14:16] if a is not None]  # found_inf, grad_scale
 
     def inputs_of(i):
         return [params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], scalars[scalar_rows[i]]] + (
-            [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []) + ([found_inf] if found_inf is not None else [])
+            [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []) + amp
 
     return adam_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=placer(graph, inputs_of))
 
@@ -192,11 +219,10 @@ def expand_adam_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple
 def expand_sgd_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[list, ...]:
     """The FX expansion of one ``lazy_mlir::sgd_step`` call, as above."""
     params, grads, buffers, lr = args[:4]
-    found_inf = args[9] if len(args) > 9 else None
+    amp = [a for a in args[9:11] if a is not None]  # found_inf, grad_scale
 
     def inputs_of(i):
-        return [params[i], grads[i], lr] + ([buffers[i]] if buffers else []) + (
-            [found_inf] if found_inf is not None else [])
+        return [params[i], grads[i], lr] + ([buffers[i]] if buffers else []) + amp
 
     return sgd_update(emit, *args, dtype_of=lambda node: node.meta["val"].dtype, place=placer(graph, inputs_of))
 
