@@ -1,0 +1,122 @@
+"""Trains torchvision's own models (code nobody here wrote) a few SGD steps
+on the lazy device against eager, and says per model: the largest relative
+loss difference, graph executions and eager fallbacks per step, the first
+step's seconds (its compile).
+
+torchvision is not a dependency: install the release for torch 2.13 beside
+it without letting pip touch torch, e.g. into a folder of its own:
+
+    .venv/bin/pip install --no-deps --target /tmp/tv torchvision==0.28.0 pillow
+    PYTHONPATH=/tmp/tv .venv/bin/python tools/torchvision_probe.py [--dtype float64] [--models resnet18,swin_t]
+
+torchvision 0.28 is built for CUDA torch only: on a CPU build its extension
+(detection ops such as nms) does not load, and importing it fails while
+registering their meta kernels. The models are plain Python and use none
+of them, so that registration is skipped here when the extension is absent.
+
+Batches of 2 train BatchNorm on few values: in float32, rounding differences
+grow within three steps on some models (RegNet, ShuffleNet, GoogLeNet,
+MnasNet); ``--dtype float64`` tells a real mismatch from that.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import importlib.util
+import sys
+import time
+import types
+
+import torch
+
+# name -> builder arguments: dropout off where the builder takes it (stochastic
+# depth is switched off on the built model, since some builders fix it)
+MODELS = {
+    "resnet18": {}, "mobilenet_v3_small": {"dropout": 0.0}, "efficientnet_b0": {"dropout": 0.0},
+    "convnext_tiny": {}, "regnet_y_400mf": {}, "shufflenet_v2_x0_5": {}, "squeezenet1_1": {"dropout": 0.0},
+    "densenet121": {}, "googlenet": {"aux_logits": False, "init_weights": True, "dropout": 0.0},
+    "mnasnet0_5": {"dropout": 0.0}, "swin_t": {"dropout": 0.0}, "vit_b_32": {"dropout": 0.0, "image_size": 64},
+    "efficientnet_v2_s": {"dropout": 0.0}, "alexnet": {"dropout": 0.0}, "wide_resnet50_2": {},
+}
+IMAGE_SIZE = {"alexnet": 96}  # its pooling needs more than 64 pixels
+
+
+def _import_torchvision_models():
+    package = importlib.util.find_spec("torchvision")  # the package found, not imported
+    if package is None:
+        raise SystemExit("torchvision is not installed: see this script's docstring")
+    extension = [path for folder in package.submodule_search_locations for path in glob.glob(f"{folder}/_C*.so")]
+    try:
+        loads = bool(extension) and torch.ops.load_library(extension[0]) is None
+    except OSError:
+        loads = False
+    if not loads:  # a CUDA build on CPU torch: its ops' meta kernels have no ops to go to
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+    import torchvision.models
+    import torchvision.ops
+    return torchvision.models, torchvision.ops.StochasticDepth
+
+
+def _train(model, device, batches, metrics=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    losses, snapshots, seconds = [], [], []
+    for x, y in batches:
+        start = time.perf_counter()
+        if metrics:
+            metrics.reset()
+        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if metrics:
+            torch._lazy.mark_step()
+            snapshots.append(metrics.snapshot())
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - start)
+    return losses, snapshots, seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--level", default="O1")
+    args = parser.parse_args()
+    models, stochastic_depth = _import_torchvision_models()
+    import torch._lazy
+    import lazy_mlir
+    from lazy_mlir import metrics
+    lazy_mlir.init(args.level)
+    dtype = getattr(torch, args.dtype)
+    failed = 0
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        eager = models.get_model(name, weights=None, num_classes=10, **MODELS.get(name, {})).to(dtype).train()
+        for module in eager.modules():
+            if isinstance(module, stochastic_depth):
+                module.p = 0.0
+        lazy = copy.deepcopy(eager).to("lazy")
+        g = torch.Generator().manual_seed(1)
+        size = IMAGE_SIZE.get(name, 64)
+        batches = [(torch.randn(2, 3, size, size, generator=g, dtype=dtype), torch.randint(0, 10, (2,), generator=g))
+                   for _ in range(args.steps)]
+        try:
+            want, _, _ = _train(eager, "cpu", batches)
+            got, snapshots, seconds = _train(lazy, "lazy", batches, metrics)
+        except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+            print(f"{name:20s} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            failed += 1
+            continue
+        rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(want, got))
+        executions = [s["graph_executions"] for s in snapshots]
+        fallbacks = [s["fallback_count"] + len(s["groups_fallen_back"]) for s in snapshots]
+        print(f"{name:20s} loss rel diff {rel:.1e}  executions/step {executions}  fallbacks/step {fallbacks}  "
+              f"first step {seconds[0]:.0f} s", flush=True)
+        failed += any(e != 1 for e in executions) or any(fallbacks)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
