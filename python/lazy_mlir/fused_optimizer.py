@@ -49,8 +49,8 @@ GradScaler (float16): a fused optimizer answers
 reading ``found_inf`` (a graph execution mid-step) to decide whether to
 call ``step``. The fused node itself unscales the gradients, as
 GradScaler's ``unscale_`` would (written back, so ``.grad`` reads as
-eagerly; ``found_inf`` is GradScaler's own inf check's), and keeps every tensor as it was where ``found_inf`` is set: one graph a
-step. Adam's step counts stay on the CPU, advanced when traced; a
+eagerly; ``found_inf`` is GradScaler's own inf check's), and keeps every
+tensor as it was where ``found_inf`` is set: one graph a step. Adam's step counts stay on the CPU, advanced when traced; a
 skipped step's advance is taken back when ``found_inf`` has been computed,
 read at the optimizer's next step (or ``state_dict()``), before its
 scalars are computed: the step after a skipped one uses the count eager

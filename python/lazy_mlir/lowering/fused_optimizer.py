@@ -84,19 +84,26 @@ def adam_update(emit: Callable, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
 
 
 def _unscaled(emit: Callable, grad, grad_scale, dtype):
-    """GradScaler.unscale_'s arithmetic on one gradient: times
-    ``1 / grad_scale`` (float64 reciprocal, as GradScaler computes its
-    inv_scale, then float32), in float32 (float64 for float64) and back, as
-    aten's ``_amp_foreach_non_finite_check_and_unscale_``; not kept back
-    where ``found_inf`` is set, as GradScaler's unscale is not. In the node,
-    not traced before it: two traced calls of ~0.1 ms a step fewer (GradScaler's
-    own inf check has computed ``found_inf``)."""
+    """GradScaler.unscale_'s arithmetic on one gradient, its inv_scale
+    computed as GradScaler computes it (a float64 reciprocal, then
+    float32); not kept back where ``found_inf`` is set, as GradScaler's
+    unscale is not. In the node, not traced before it: a traced unscale
+    call and four scalar ops a step fewer (GradScaler's own inf check has
+    computed ``found_inf``). The inv_scale is recomputed per parameter
+    (three 0-d ops each): one value shared by updates that ``place`` puts
+    anywhere in the backward would have to come before all of them."""
     inv_scale = emit(aten._to_copy.default,
                      emit(aten.reciprocal.default, emit(aten._to_copy.default, grad_scale, dtype=torch.float64)),
                      dtype=torch.float32)
+    return times_inv_scale(emit, grad, inv_scale, dtype)
+
+
+def times_inv_scale(emit: Callable, grad, inv_scale, dtype):
+    """``grad * inv_scale`` as aten's ``_amp_foreach_non_finite_check_and_unscale_``
+    computes it: in float32 (float64 for float64) and back to ``dtype``."""
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
-    scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, grad, dtype=opmath), inv_scale)
-    return emit(aten._to_copy.default, scaled, dtype=dtype)
+    return emit(aten._to_copy.default, emit(aten.mul.Tensor, emit(aten._to_copy.default, grad, dtype=opmath),
+                                            inv_scale), dtype=dtype)
 
 
 def _keeper(emit: Callable, found_inf):

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .fused_optimizer import placer
+from .fused_optimizer import placer, times_inv_scale
 
 aten = torch.ops.aten
 
@@ -29,10 +29,7 @@ def expand_amp_unscale(emit: Callable, graph: torch.fx.Graph, args: list) -> tup
     out, nonfinite = [], []
     for i, grad in enumerate(grads):
         with place(i):  # by its gradient, where Inductor can fuse the check with what computed it
-            dtype = grad.meta["val"].dtype
-            opmath = torch.float64 if dtype == torch.float64 else torch.float32
-            scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, grad, dtype=opmath), inv_scale)
-            out.append(emit(aten._to_copy.default, scaled, dtype=dtype))
+            out.append(times_inv_scale(emit, grad, inv_scale, grad.meta["val"].dtype))
             nonfinite.append(emit(aten.logical_not.default, emit(aten.all.default, emit(aten.isfinite.default, grad))))
     if not out:
         return out, found_inf
