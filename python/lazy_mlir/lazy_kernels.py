@@ -928,7 +928,9 @@ def _register_histc_of_integers(op) -> None:
         counts = ltc.call_boxed(keys, aten._to_copy.default(self, dtype=torch.float64), bins, min, max)
         return aten._to_copy.default(counts, dtype=self.dtype)
 
-    _LIB.impl("histc", kernel, "Lazy")
+    # replaces the traced kernel given above to histc, an op LTC lacks
+    # (torch 2.11 refuses a second Python kernel without allow_override)
+    _LIB.impl("histc", kernel, "Lazy", allow_override=True)
     _REPLACED.add(_qualified(op))
 
 
