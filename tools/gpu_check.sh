@@ -31,7 +31,9 @@
 #            most each
 # Most important first: a run cut short still says what matters. PHASES
 # picks some of "tests bench zero more zoo" (default: all).
-# `--build-only` stops after the build; `--pack` and `--pack-deepspeed` make
+# `--build-only` stops after the build; REUSE_BUILD=1 keeps the extension
+# a warm machine's previous call built, if it still passes its check;
+# `--pack` and `--pack-deepspeed` make
 # what the machine cannot fetch (.gpu/, .whl/: carry both).
 set -u
 cd "$(dirname "$0")/.."
@@ -106,7 +108,10 @@ fi
 # tests/test_extension_build.py passes.
 step "build the extension against $(python3 -c 'import torch; print(torch.__version__)')"
 built=
-for cxx in $(for c in /usr/bin/g++ "$(command -v g++)" /opt/gcc/bin/g++; do [ -x "$c" ] && echo "$c"; done \
+# REUSE_BUILD=1: a warm machine's extension from the call before, if it still passes
+if [ "${REUSE_BUILD:-0}" = 1 ] && ls python/lazy_mlir/_C*.so > /dev/null 2>&1 \
+   && python3 -m pytest -q -p no:cacheprovider tests/test_extension_build.py; then built=reused; fi
+[ -n "$built" ] || for cxx in $(for c in /usr/bin/g++ "$(command -v g++)" /opt/gcc/bin/g++; do [ -x "$c" ] && echo "$c"; done \
              | awk '!seen[$0]++'); do
   echo "-- $cxx: $("$cxx" --version | head -1)"
   build_with "$cxx" || { tail -30 "$OUT/build.log"; continue; }
