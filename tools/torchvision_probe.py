@@ -26,6 +26,7 @@ import copy
 import glob
 import importlib.util
 import os
+import statistics
 import sys
 import time
 import types
@@ -116,8 +117,9 @@ def main():
         rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(want, got))
         executions = [s["graph_executions"] for s in snapshots]
         why = next((w for w in (not_compiled(s, args.level) for s in snapshots) if w), None)
+        later = f"  later steps {statistics.median(seconds[1:]) * 1000:.0f} ms (median)" if len(seconds) > 1 else ""
         print(f"{name:20s} loss rel diff {rel:.1e}  executions/step {executions}  first step {seconds[0]:.0f} s"
-              + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
+              + later + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
         failed += any(e != 1 for e in executions) or why is not None
     sys.exit(1 if failed else 0)
 

@@ -1,7 +1,8 @@
 """A fusion group per repeated layer (lazy_backend/layer_regions.h).
 
 A model's repeated layers are the blocks of a ``ModuleList`` of one class
-(a transformer's layers, a CNN stage's blocks). Hooks mark a boundary in
+(a transformer's layers; not a CNN's ``Sequential`` stages, whose blocks
+differ in width: README, "A fusion group per layer"). Hooks mark a boundary in
 the trace where each block's forward starts and ends, and where the
 gradients of its input and of its output are computed (its backward starts
 and ends there); the clusterer then puts no two blocks' ops in one group.
