@@ -42,12 +42,16 @@ def _assert_native_calls(s: dict) -> None:
 
 
 def _wrappers(dump_dir: Path) -> set[str]:
-    """Which wrapper each group's generated code has ("C++" or "Python")."""
+    """Which wrapper each group's generated code has: "C++" (built apart
+    from its kernels, codegen/inductor.py), "C++ with its kernels" or "Python"."""
     kinds = set()
     for generated in dump_dir.glob("*.5.generated.py"):
         code = generated.read_text()
         if "served from Inductor's cache" not in code:
-            kinds.add("C++" if "CppWrapperCodeCache" in code else "Python")
+            if "CppWrapperCodeCache" not in code:
+                kinds.add("Python")
+            else:
+                kinds.add("C++" if "kernel_code=kernel_src" in code else "C++ with its kernels")
     return kinds
 
 

@@ -79,6 +79,12 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         options["reorder_for_peak_memory"] = False
     if cpp_wrapper and not planned and all(t.device.type == "cpu" for t in fake_inputs):
         options["cpp_wrapper"] = True
+        # The wrapper and the kernels as two libraries, the wrapper (a call
+        # per kernel, its buffers' lifetimes) built at Inductor's -O1 for it:
+        # one library at -O3 spent most of a big group's compile in gcc on
+        # the wrapper's one long function (EfficientNet-B0's 1114 ops: 146 s
+        # -> 73 s cold), for no step time measured (README, "Inductor's C++ wrapper").
+        options["cpp_wrapper_build_separate"] = True
         # The C++ wrapper checks its inputs' layouts against the placeholders'
         # values, which the export made contiguous; the code is compiled for
         # the real inputs' strides (LTC hands over transposed buffers too).
