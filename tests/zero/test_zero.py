@@ -155,7 +155,6 @@ def test_stage3_under_autocast_gathers_weights_in_bfloat16(tmp_path, reference):
     (tied embeddings and LayerNorm weights, read in float32, still gather
     in float32)."""
     mixed_losses, mixed_state, param_bytes = _eager_reference(mixed=True)
-    plain = _train(3, tmp_path, world=2)[0]["metrics"]["collective_bytes"]["all_gather"]
     results = _train(3, tmp_path, world=2, extra=["--autocast"])
     for result in results:
         torch.testing.assert_close(result["losses"], mixed_losses, rtol=2e-3, atol=0)
@@ -166,8 +165,11 @@ def test_stage3_under_autocast_gathers_weights_in_bfloat16(tmp_path, reference):
         metrics = result["metrics"]
         assert metrics["graph_executions"] == STEPS and metrics["fallback_count"] == 0
         assert metrics["groups_fallen_back"] == {} and metrics["compiled_group_calls"] >= STEPS  # generated code
-    gathered = results[0]["metrics"]["collective_bytes"]["all_gather"]
-    assert gathered <= 0.6 * plain, (gathered, plain)  # measured 0.46 (2 ranks, 32 KiB prefetch budget)
+    # Per step, in float32 parameter bytes: 0.83 measured, float32's stage 3
+    # 1.80 (2 ranks, 32 KiB prefetch budget, 2026-12-05; a float32 run of its
+    # own here cost the suite a cold compile of its own)
+    gathered = results[0]["metrics"]["collective_bytes"]["all_gather"] / STEPS / param_bytes
+    assert gathered <= 1.0, gathered
 
 
 # the reuse budget alone is `pytest -m slow`: the prefetch budget's re-gather takes the live copy through it
