@@ -252,6 +252,12 @@ class _Converter:
                 kwargs[formal.name] = converted
             else:
                 args.append(converted)
+        if op is torch.ops.aten._index_put_impl.default:
+            # An indexing's backward (``table[idx]``: Swin's relative position
+            # bias). Inductor lowers index_put, but not this op, which it left
+            # to aten (the C++ wrapper through its proxy executor, warning of
+            # a missing c-shim); ``unsafe`` only skips aten's index checks.
+            op, args = torch.ops.aten.index_put.default, args[:4]
         if op in _INDEX_PUTS:
             args[1] = self._explicit_leading_indices(args[0], args[1])
         expand = _EXPANSIONS.get(op._schema.name)
