@@ -18,10 +18,12 @@ os.environ["LAZY_MLIR_BACKGROUND_COMPILE"] = "0"
 # Likewise first steps compile in the step, one group after the other (side by
 # side, running TorchScript meanwhile, is test_parallel_compile's and the zoo's).
 os.environ["LAZY_MLIR_COMPILE_WORKERS"] = "0"
-# Inductor's C++ wrapper (the default) makes a cold compile ~1-2 s longer per
-# graph, and the suite compiles hundreds: it runs with the Python wrapper,
-# test_cpp_wrapper with the C++ one (the code between the wrappers is the same).
-os.environ["LAZY_MLIR_CPP_WRAPPER"] = "0"
+# The suite runs the defaults, Inductor's C++ wrapper and each static CPU
+# group compiled in a worker process: since the wrapper is built apart from
+# the kernels, one gcc run for all of a group's kernels costs less than the
+# Python wrapper's one per kernel (the whole suite 20:42 against 27:46 cold,
+# 2026-12-05). Tests marked python_wrapper watch the in-process pipeline
+# (stages monkeypatched or counted, runs made to fail) and get the Python one.
 # make test runs two pytest-xdist workers: one OpenMP thread each (torch
 # reads this at import; children inherit it), else each worker's second
 # thread spins at every barrier on the core the other worker needs (the
@@ -44,6 +46,26 @@ def pytest_collection_modifyitems(config, items):
         path = item.path.as_posix()
         return next((i for i, name in enumerate(_LONGEST_FIRST) if path.endswith(name)), len(_LONGEST_FIRST))
     items.sort(key=rank)  # stable: each file's tests keep their order
+
+
+@pytest.fixture(autouse=True)
+def _python_wrapper_when_marked(request):
+    """A python_wrapper test compiles in this process, with the Python
+    wrapper, its group runs called from Python: the pipeline it instruments."""
+    if request.node.get_closest_marker("python_wrapper") is None:
+        yield
+        return
+    before = os.environ.get("LAZY_MLIR_CPP_WRAPPER")
+    os.environ["LAZY_MLIR_CPP_WRAPPER"] = "0"  # read by each Config, children inherit it
+    lazy_mlir.init("O1")
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LAZY_MLIR_CPP_WRAPPER"]
+        else:
+            os.environ["LAZY_MLIR_CPP_WRAPPER"] = before
+        lazy_mlir.init("O1")
 
 
 @pytest.fixture

@@ -73,6 +73,7 @@ def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     _assert_same(want, torch.cat([got, more]), params)
 
 
+@pytest.mark.python_wrapper
 def test_a_failed_background_compile_compiles_the_static_form(gated, monkeypatch):
     gate, _ = gated
 

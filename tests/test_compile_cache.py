@@ -28,6 +28,7 @@ def _hand_groups_over_again(**options):
     lazy_mlir.init("O1", **options)
 
 
+@pytest.mark.python_wrapper
 def test_same_computation_from_another_source_line_hits(lazy_level, lowerings, monkeypatch):
     graphs = []
     monkeypatch.setattr(group_compiler, "before_build", lambda graph, name: graphs.append(graph.copy()))
@@ -91,6 +92,7 @@ def _result(proc) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.python_wrapper
 def test_a_second_process_skips_our_stages(tmp_path):
     """Two processes need the same group at once in one folder (as ranks or
     test workers do): one compiles it, the other waits for its entry (or
@@ -129,6 +131,7 @@ def _damage(path, how: str, other_entry: bytes) -> None:
 @pytest.mark.parametrize("how,message", [("truncated", "truncated"), ("flipped", "checksum mismatch"),
                                          ("not a pickle", "UnpicklingError"),
                                          ("another key's", "entry written for another key")])
+@pytest.mark.python_wrapper
 def test_damaged_entry_is_rebuilt_with_a_warning(lazy_level, lowerings, tmp_path, how, message):
     options = {"cache_dir": str(tmp_path), "progress": False}
     _hand_groups_over_again(**options)  # an earlier parameter's graph: compiled into this folder anew
@@ -316,6 +319,7 @@ def _step_checked_against_eager(x: torch.Tensor):
     return run
 
 
+@pytest.mark.python_wrapper
 def test_a_group_that_failed_is_not_tried_again_in_the_next_process(lazy_level, monkeypatch):
     from lazy_mlir import executables
 
@@ -336,6 +340,7 @@ def test_a_group_that_failed_is_not_tried_again_in_the_next_process(lazy_level, 
     assert any("failed before" in why for why in metrics.snapshot()["groups_fallen_back"].values())
 
 
+@pytest.mark.python_wrapper
 def test_a_warning_raised_as_an_error_is_not_remembered_on_disk(lazy_level, monkeypatch):
     """A compile that failed on a warning the user's filter raised (-W error
     in a compile thread; the step's own compile defers such warnings, see

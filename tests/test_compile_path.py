@@ -91,6 +91,7 @@ def test_compiles_report_progress(lazy_level, capsys):
     assert re.search(r"lazy_mlir: compiled graph\d+\.g0 in \d+\.\d s", err), err
 
 
+@pytest.mark.python_wrapper
 def test_inductor_compiles_through_its_fx_graph_cache(lazy_level):
     """The converter's FakeTensorMode carries a ShapeEnv; without one Inductor
     bypasses its FX graph cache ("No shape env": a warm compile 40 s, not 5 s).

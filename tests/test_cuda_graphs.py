@@ -39,6 +39,7 @@ def captured(monkeypatch):
     lazy_mlir.init("O1")
 
 
+@pytest.mark.python_wrapper
 def test_each_group_is_captured_at_its_second_run_and_replayed_after(captured):
     batches = mlp_batches(steps=5)
     eager = train(make_mlp, sgd, batches, CPU)

@@ -17,6 +17,7 @@ def run_lazy(x):
     return y.cpu()
 
 
+@pytest.mark.python_wrapper
 def test_channels_last_input_takes_its_own_compiled_variant(lazy_level, lowerings):
     x = torch.randn(2, 3, 5, 7)
     layouts = [x, x.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last), x]
@@ -28,6 +29,7 @@ def test_channels_last_input_takes_its_own_compiled_variant(lazy_level, lowering
     assert s["groups_fallen_back"] == {} and s["graph_executions"] == 4
 
 
+@pytest.mark.python_wrapper
 def test_transposed_input_of_the_same_shape(lazy_level, lowerings):
     a, b = torch.randn(6, 6), torch.randn(6, 6).t()
     assert a.shape == b.shape and a.stride() != b.stride()
@@ -81,6 +83,7 @@ def _lower_with_failing_run(monkeypatch, failing_calls):
     monkeypatch.setattr(executables, "lower_group", lower)
 
 
+@pytest.mark.python_wrapper
 def test_code_failing_its_first_run_falls_back_for_this_and_later_steps(lazy_level, monkeypatch):
     _lower_with_failing_run(monkeypatch, failing_calls={0})
     inputs = [torch.randn(3, 11) for _ in range(3)]
@@ -91,6 +94,7 @@ def test_code_failing_its_first_run_falls_back_for_this_and_later_steps(lazy_lev
     assert any("injected run failure" in why for why in metrics.snapshot()["groups_fallen_back"].values())
 
 
+@pytest.mark.python_wrapper
 def test_a_failed_step_does_not_poison_the_next(lazy_level, monkeypatch):
     _lower_with_failing_run(monkeypatch, failing_calls={1})
     first, failing, after = torch.randn(4, 9), torch.randn(4, 9), torch.randn(4, 9)
@@ -151,6 +155,7 @@ def test_steady_state_steps_check_baked_scalars_without_reading_them(lazy_level,
     assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 5
 
 
+@pytest.mark.python_wrapper
 def test_a_baked_zero_keeps_its_sign(lazy_level, lowerings):
     """leaky_relu's slope is baked into the code (guarded): -0.0 == 0.0 in
     Python, yet the code differs (1 / (x * -0.0) is +inf for x < 0, 1 / (x * 0.0)

@@ -85,6 +85,7 @@ def test_init_cpu_clears_a_stray_switch_and_the_env_var_picks_the_default():
     assert line == "CPU False cpu"
 
 
+@pytest.mark.python_wrapper
 def test_importing_lazy_mlir_leaves_the_compiler_to_the_first_compile():
     """A process that only imports lazy_mlir (an eager baseline reading
     lazy_mlir.models, a script that never calls init()) loads no compiler,

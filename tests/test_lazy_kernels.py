@@ -1,4 +1,6 @@
 """Ops the stock TS backend mishandles trace into the graph, with no fallback."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -672,7 +674,7 @@ def test_an_index_gradient_is_a_kernel_of_inductors_own(tmp_path):
     Inductor has no lowering for: it called aten's kernel (under the C++
     wrapper through its proxy executor: Swin's relative position bias,
     12 calls a step). Converted to index_put, it is Inductor's own scatter
-    kernel (atomic adds, perhaps in another order: equal to rounding)."""
+    kernel (its adds perhaps in another order: equal to rounding)."""
     lazy_mlir.init("O1", dump_dir=str(tmp_path))
     try:
         g = torch.Generator().manual_seed(1)
@@ -691,7 +693,8 @@ def test_an_index_gradient_is_a_kernel_of_inductors_own(tmp_path):
         exported = "".join(p.read_text() for p in tmp_path.glob("*.4.export.fx.txt"))
         generated = "".join(p.read_text() for p in tmp_path.glob("*.5.generated.py"))
         assert "aten.index_put.default" in exported and "_index_put_impl" not in exported, exported
-        assert "atomic_add" in generated and "_index_put_impl" not in generated, generated
+        # a kernel of Inductor's own does the scatter (atomic adds when it has threads)
+        assert re.search(r"cpp_fused\w*_index_put", generated) and "_index_put_impl" not in generated, generated
     finally:
         lazy_mlir.init("O1")
 

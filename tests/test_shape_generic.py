@@ -206,6 +206,7 @@ def _as_a_new_process():
     compile_cache.clear_memory()
 
 
+@pytest.mark.python_wrapper
 def test_generic_variants_serve_the_next_process_from_the_cache_folder(lazy_level, monkeypatch, tmp_path):
     monkeypatch.setattr(lazy_mlir.config.current, "cache_dir", str(tmp_path))
     _run_both([(2, 8), (2, 8), (2, 12)], width=28)  # stores the length-12 generic variants
@@ -399,6 +400,7 @@ def _image_steps_like_eager(model_cls, sizes) -> dict[str, list]:
             "hits": [t["generic_hits"] for t in steps], "codegen": [t["stage_runs"].get("codegen", 0) for t in steps]}
 
 
+@pytest.mark.python_wrapper
 def test_a_strided_cnn_compiles_once_more_when_a_size_tells_ceiling_from_floor(fresh):
     """16 and 24 are divisible by 8, so the generic compile at 24 writes the
     constants as s//8; 20 gives ceil(20/8) = 3, which it does not admit: one
@@ -428,6 +430,7 @@ class InterpolatedPositions(nn.Module):
         return nn.functional.cross_entropy(self.fc(tokens.softmax(-1).mean(1)), y)
 
 
+@pytest.mark.python_wrapper
 def test_interpolated_position_embeddings_compile_once_for_later_image_sizes(fresh):
     """Two failures kept a ViT at other image sizes static: the bicubic
     upsampling's backward had no meta kernel for symbolic sizes (the

@@ -120,6 +120,7 @@ def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
     assert s["graph_executions"] == s["mark_steps"] == 3
 
 
+@pytest.mark.python_wrapper
 def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, monkeypatch):
     from lazy_mlir import executables
 
@@ -138,6 +139,7 @@ def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, mon
     assert s["compiled_group_calls"] == 0  # every group ran its TorchScript subgraph
 
 
+@pytest.mark.python_wrapper
 def test_traced_ops_carry_their_source_lines(lazy_level, monkeypatch):
     """Each node names the user's line it was traced at (errors, dumps and
     recompile explanations read it): two ops on two lines of a loop body

@@ -147,6 +147,7 @@ def test_a_warning_made_an_error_inside_an_execution_is_raised_by_the_next_mark_
     torch.testing.assert_close(y.cpu(), (x * 2).sum())
 
 
+@pytest.mark.python_wrapper
 def test_a_compile_warning_made_an_error_is_raised_by_the_next_mark_step(lazy_level, monkeypatch):
     """A group's first compile runs inside the graph's execution: a warning
     of it that the user's filter makes an error waits for the next

@@ -82,8 +82,8 @@ class Config:
     # Inductor's C++ wrapper (its cpp_wrapper option) around a group's CPU
     # kernels instead of the Python one: no Python per kernel call, buffer
     # allocation and size check at run time (~1 ms of a zoo model's step),
-    # for about the same compile time (it is compiled with the kernels: a
-    # cold GPT-2 group took 29.6 s against 30.2 s without). Groups with
+    # and a shorter cold compile (all the kernels one library, the wrapper
+    # another at -O1: the Python wrapper builds one library per kernel). Groups with
     # collectives keep the Python wrapper (their issue order is checked on
     # its source); a group whose C++ wrapper fails to compile gets the
     # Python one, with a warning. LAZY_MLIR_CPP_WRAPPER=0 turns it off.
