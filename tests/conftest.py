@@ -21,7 +21,7 @@ os.environ["LAZY_MLIR_COMPILE_WORKERS"] = "0"
 # The suite runs the defaults, Inductor's C++ wrapper and each static CPU
 # group compiled in a worker process: since the wrapper is built apart from
 # the kernels, one gcc run for all of a group's kernels costs less than the
-# Python wrapper's one per kernel (the whole suite 20:42 against 27:46 cold,
+# Python wrapper's one per kernel (the whole suite 20:18 against 27:46 cold,
 # 2026-12-05). Tests marked python_wrapper watch the in-process pipeline
 # (stages monkeypatched or counted, runs made to fail) and get the Python one.
 # make test runs two pytest-xdist workers: one OpenMP thread each (torch
