@@ -50,6 +50,9 @@ DEFAULT = [
     (zoo.base_variant("vit"), not SHAPES),
     (zoo.base_variant("resnet"), not SHAPES),  # new image sizes: test_shape_generic's CNNs
     (zoo.base_variant("mobilenet", dropout=0.2), not SHAPES),
+    # multi-query attention's backward: a scatter that Inductor's 2-D tiled
+    # CPU kernels miscompiled (codegen/inductor_fixes.py)
+    (zoo.base_variant("falcon", dropout=0.0), not SHAPES),
 ]
 PARAMS = [pytest.param(v, shapes, id=v.id + ("" if shapes else "-one-shape")) for v, shapes in DEFAULT] + [
     pytest.param(v, SHAPES, id=v.id, marks=pytest.mark.zoo_full) for v in zoo.all_variants()
@@ -64,7 +67,7 @@ FP64_TOLERANCE = dict(rtol=1e-9, atol=1e-10)
 _RMS_NORM = "RMSNorm and the rotary embedding compute in fp32"
 FP32_ISLANDS = {"llama": _RMS_NORM, "qwen2": _RMS_NORM, "mistral": _RMS_NORM, "gemma": _RMS_NORM, "phi3": _RMS_NORM,
                 "mixtral": _RMS_NORM,
-                "gpt_neox": "the rotary embedding computes in fp32",
+                "gpt_neox": "the rotary embedding computes in fp32", "falcon": "the rotary embedding computes in fp32",
                 "t5": "T5LayerNorm computes its variance in fp32", "mt5": "T5LayerNorm computes its variance in fp32"}
 # At its second image size ViT interpolates its position embeddings with
 # bicubic upsampling, traced through torch._decomp's decomposition: its sums
@@ -79,7 +82,7 @@ NOISE_FLOOR_FACTOR = 10
 # at 32 pixels, one window with no shift, and 6 at 48, padded to two
 # shifted windows: other ops too.
 SHAPE_GENERIC_AT_SECOND_LENGTH = {"gpt2", "bert", "llama", "bart", "resnet", "mobilenet", "qwen2", "mistral", "gemma",
-                                  "phi3", "gpt_neox", "opt", "distilbert", "roberta", "electra", "albert", "convnext",
+                                  "phi3", "gpt_neox", "falcon", "opt", "distilbert", "roberta", "electra", "albert", "convnext",
                                   "resnet_hf", "t5", "mt5", "deberta_v2", "mixtral"}
 
 

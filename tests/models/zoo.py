@@ -279,6 +279,15 @@ def _gpt_neox(v):  # parallel residual, rotary on a quarter of each head
                    hidden_dropout=v.dropout)
 
 
+def _falcon(v):  # multi-query: one key/value head split out of a fused qkv, parallel attention, rotary
+    d = v.dims
+    return _config(v, "FalconConfig", "FalconForCausalLM", num_hidden_layers=d.layers, hidden_size=d.hidden,
+                   num_attention_heads=2 * d.heads, multi_query=True, parallel_attn=True,
+                   new_decoder_architecture=False, bias=False, alibi=False, max_position_embeddings=_positions(v),
+                   vocab_size=d.vocab, bos_token_id=0, eos_token_id=0, attention_dropout=v.dropout,
+                   hidden_dropout=v.dropout)
+
+
 def _opt(v):  # learned positions offset by 2, computed from the mask's cumsum
     d = v.dims
     return _config(v, "OPTConfig", "OPTForCausalLM", num_hidden_layers=d.layers, hidden_size=d.hidden, ffn_dim=d.ffn,
@@ -389,6 +398,7 @@ SPECS.update({
     "phi3": Spec(_phi3, _tokens, _causal_lm_loss, adamw, **_ONE),
     "mixtral": Spec(_mixtral, _tokens, _causal_lm_loss, adamw, **_ONE),
     "gpt_neox": Spec(_gpt_neox, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "falcon": Spec(_falcon, _tokens, _causal_lm_loss, adamw, **_ONE),
     "opt": Spec(_opt, _tokens, _causal_lm_loss, adamw, **_ONE),
     "distilbert": Spec(_distilbert, _bert_inputs, _bert_loss, adamw, **_ONE),
     "roberta": Spec(_roberta, _bert_inputs, _bert_loss, adamw, **_ONE),

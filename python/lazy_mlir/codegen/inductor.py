@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import onednn_linear
+from . import inductor_fixes, onednn_linear
 
 
 # Inductor fuses independent kernels ("horizontally") only when they read at
@@ -67,6 +67,7 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     kernels of a CPU graph without collectives (Config.cpp_wrapper)."""
     from torch._inductor.codecache import PyCodeCache
 
+    inductor_fixes.install()  # before any kernel is generated, cached graphs' included
     onednn_linear.register_with_inductor()
     loaded_before = set(PyCodeCache.modules)
     planned = collective_issue_order(gm.code)
@@ -182,6 +183,7 @@ def load_artefact(artefact: bytes):
     (kernels Inductor's own cache no longer holds are compiled again)."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
+    inductor_fixes.install()
     compiled = AOTCompiledArtifact.deserialize(artefact)
 
     def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
