@@ -252,6 +252,19 @@ def store_failure(key: str, reason: str, cfg: config.Config, on_disk: bool = Tru
         _write_record(_failure_key(key), "failed", reason, cfg)
 
 
+def discard_code(key: str, lowered: LoweredGroup, reason: str, cfg: config.Config) -> None:
+    """Code found wrong (numerics_check): no longer served, here or from the
+    disk cache, and the group remembered as failed (it runs in TorchScript)."""
+    variants = _entries.get(key, [])
+    if lowered in variants:
+        variants.remove(lowered)
+    disk = disk_of(cfg)
+    if disk is not None:
+        for entry in {key, lowered.disk_key or key}:
+            disk.remove(entry)
+    store_failure(key, reason, cfg)
+
+
 def known_failure(key: str, cfg: config.Config) -> str | None:
     """Why the group at ``key`` failed before, or None."""
     if key not in _failures:

@@ -138,6 +138,11 @@ class Config:
     # optimizer updates it: weight decay, moments): one graph a step.
     # LAZY_MLIR_MOE_EAGER_GRADS=0 turns it off.
     moe_eager_grads: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_MOE_EAGER_GRADS", True))
+    # The numerics checker (numerics_check): the first run of each group's new
+    # code is also run in TorchScript on the same inputs and compared; a
+    # group that disagrees is reported and runs in TorchScript. Off by
+    # default (one TorchScript run per new code); LAZY_MLIR_CHECK=1 turns it on.
+    check: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CHECK", False))
     # Warn when one group (its ops and source lines) has compiled more variants than this.
     recompile_limit: int = 8
     # Comma-separated log topics for stderr; "recompiles" explains each compile
@@ -148,7 +153,7 @@ class Config:
     _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
                    "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs",
-                   "step_memory", "layer_groups", "moe_eager_grads")
+                   "step_memory", "layer_groups", "moe_eager_grads", "check")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

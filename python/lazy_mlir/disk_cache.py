@@ -109,6 +109,10 @@ class DiskCache:
         except OSError:
             pass
 
+    def remove(self, key: str) -> None:
+        """Removes an entry (gone already: nothing to do)."""
+        _remove_quietly(self.path(key))
+
     @contextlib.contextmanager
     def lock(self, key: str, on_wait=None):
         """Holds ``key``'s lock across processes for the block; calls ``on_wait()``

@@ -19,7 +19,7 @@ import torch
 from torch._C._dynamo.guards import TensorGuards
 
 from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile,
-               layer_groups, metrics, native_call, parallel_compile, recompiles, shape_generic, syncs)
+               layer_groups, metrics, native_call, numerics_check, parallel_compile, recompiles, shape_generic, syncs)
 from .lowered_group import lowering_function
 from .lowering.errors import NoSymbolicShapes
 
@@ -475,6 +475,37 @@ class GroupExecutable:
             self._run = self._checked
         else:
             self._run = self._guarded  # the hot path: a layout check, then the generated code
+        if self.cfg.check:
+            self._run = self._checked_first_run(self._run)
+
+    def _checked_first_run(self, code_run):
+        """``code_run``, its first run also checked against TorchScript on
+        copies of the same inputs (numerics_check): later runs call it alone;
+        where the outputs disagree, the group runs in TorchScript from then on."""
+        def first_run(inputs):
+            self._run = code_run
+            # copies taken before the code runs: it may write outputs into donated inputs
+            originals = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+            reference = TorchScriptExecutable(self.graph, self.name, count=None)(list(originals))
+            outputs = code_run(inputs)
+            mismatches = numerics_check.compare(self.graph, outputs, reference)
+            if not mismatches:
+                numerics_check.record(self.name, None)
+                return outputs
+            case, stage = numerics_check.save_case(self.graph, originals, reference, self.name, self.cfg,
+                                                       prepare_group)
+            text = numerics_check.report(self.name, self.describe, mismatches, case, stage)
+            numerics_check.record(self.name, mismatches, text)
+            if self.cfg.level == "O2":
+                raise GroupLoweringError(text)
+            reason = "numerics check: generated code disagrees with TorchScript" + (f" (case: {case})" if case else "")
+            metrics.record_group_failure(self.name, self.describe, reason)
+            if self.lowered is not None and self.cache_key is not None:
+                compile_cache.discard_code(self.cache_key, self.lowered, reason, self.cfg)
+            warnings.warn(text, RuntimeWarning, stacklevel=1)
+            self._use(None)
+            return reference
+        return first_run
 
     def _while_compiling(self, inputs):
         compiling = self._compiling

@@ -32,6 +32,8 @@ _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" .
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
 _captures: collections.Counter = collections.Counter()  # capture: "replayed" / "recorded" / "refused" calls
 _capture_refusals: dict[str, str] = {}  # module class -> why its forward runs op by op
+_checks: collections.Counter = collections.Counter()  # numerics_check: "passed" / "mismatched" first runs
+_check_mismatches: dict[str, str] = {}  # group name -> the checker's report (kept across reset)
 _cuda_graphs: collections.Counter = collections.Counter()  # cuda_graphs: "captured" / "replayed"
 # group name -> why its code is not replayed as a CUDA graph (kept across reset:
 # decided at a compile or a second run, before the steps a benchmark times)
@@ -156,6 +158,14 @@ def reset_collective_bytes() -> None:
         _collective_bytes.clear()
 
 
+def count_check(name: str, mismatch: str | None) -> None:
+    """numerics_check's verdict on a group's new code: None when it agreed."""
+    with _lock:
+        _checks["passed" if mismatch is None else "mismatched"] += 1
+        if mismatch is not None:
+            _check_mismatches[name] = mismatch
+
+
 def record_group_failure(name: str, ops: str, reason: str) -> None:
     with _lock:
         _failure_reasons[name] = _fallen_back[name] = f"[{ops}] {reason}"
@@ -219,6 +229,8 @@ def snapshot() -> dict:
         optimizer_groups = dict(_optimizer_groups)
         captures = dict(_captures)
         capture_refusals = dict(_capture_refusals)
+        checks = dict(_checks)
+        check_mismatches = dict(_check_mismatches)
         cuda_graphs = dict(_cuda_graphs)
         cuda_graph_refusals = dict(_cuda_graph_refusals)
     mark_steps = _ltc_counter("MarkStep") - setup.get("MarkStep", 0)
@@ -251,6 +263,10 @@ def snapshot() -> dict:
         # of those, calls into C++-wrapped code straight from C++ (native_call)
         "native_group_calls": stats["native_calls"],
         "groups_fallen_back": fallen_back,
+        # numerics_check (init(check=True)): new code checked against TorchScript
+        "checks_passed": checks.get("passed", 0),
+        "checks_mismatched": checks.get("mismatched", 0),
+        "check_mismatches": check_mismatches,
         # runs in TorchScript while the group's code compiled in the background (not failures)
         "interpreted_group_calls": interpreted_group_calls,
         "collective_bytes": collective_bytes(),
@@ -331,6 +347,7 @@ def reset() -> None:
         _optimizer_groups.clear()
         _captures.clear()
         _capture_refusals.clear()
+        _checks.clear()
         _cuda_graphs.clear()
 
 
@@ -359,6 +376,11 @@ def report() -> str:
         + (f"; {s['layouts_adapted']} groups copy inputs into the layouts their code took"
            if s["layouts_adapted"] else ""),
     ]
+    if s["checks_passed"] or s["checks_mismatched"]:
+        lines.append(f"  numerics checks      {s['checks_passed']} new codes agreed with TorchScript, "
+                     f"{s['checks_mismatched']} disagreed (run in TorchScript)")
+        for text in s["check_mismatches"].values():
+            lines.append(f"    {text}")
     if s["worker_compiles"]:
         lines.append(f"  compile workers      {s['worker_compiles']} groups' code generated beside this process "
                      f"({s['seconds']['worker_codegen']:.1f} s there)")

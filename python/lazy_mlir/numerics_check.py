@@ -1,0 +1,171 @@
+"""The numerics checker (``init(check=True)``, ``LAZY_MLIR_CHECK=1``).
+
+The first run of each group's newly compiled (or loaded) code also runs the
+group's TorchScript subgraph, the O0 reference, on copies of the same
+inputs, and compares the outputs. A mismatch is reported (a warning and
+``metrics``) with the group, the ops whose outputs differ and their source
+lines; the group then runs in TorchScript from that run on (its outputs are
+the reference's), so training goes on correctly; the case (the group's
+graph and inputs) is written to a file that ``python -m lazy_mlir.minify``
+shrinks into a standalone reproducer.
+
+Tolerances follow the least precise floating dtype anywhere in the group
+(inputs, intermediates, outputs): a float64 group whose ops all compute in
+float64 is held to 1e-9 of each output's largest value; one that computes
+a part in float32 (a model's rotary tables) to float32's rounding. Integer
+and boolean outputs must be equal. Costs one TorchScript run and one copy
+of the inputs per new code, nothing on later runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import torch
+
+from . import metrics, portable_graph
+
+# (rtol, atol), applied to the largest magnitude of each output: generated
+# code sums in other orders than aten (reductions, fused multiply-adds)
+TOLERANCES = {torch.float64: (1e-9, 1e-12), torch.float32: (1e-4, 1e-6),
+              torch.bfloat16: (4e-2, 1e-3), torch.float16: (1e-2, 1e-4)}
+_PRECISION_ORDER = [torch.float64, torch.float32, torch.float16, torch.bfloat16]  # tighter first
+
+
+def least_precise_float(dtypes) -> torch.dtype | None:
+    """The least precise floating dtype among ``dtypes``."""
+    floats = [d for d in dtypes if d in TOLERANCES]
+    return max(floats, key=_PRECISION_ORDER.index) if floats else None
+
+
+def graph_tolerance(graph: torch._C.Graph) -> tuple[float, float]:
+    """(rtol, atol) for a TorchScript group: by any tensor value's dtype."""
+    values = list(graph.inputs()) + [v for n in graph.nodes() for v in n.outputs()]
+    dtypes = [v.type().dtype() for v in values if isinstance(v.type(), torch._C.TensorType)]
+    return TOLERANCES.get(least_precise_float(dtypes), TOLERANCES[torch.float32])
+
+
+def fx_tolerance(gm: torch.fx.GraphModule, inputs: list) -> tuple[float, float]:
+    """(rtol, atol) for an FX graph: by its inputs' and values' dtypes."""
+    dtypes = [t.dtype for t in inputs if isinstance(t, torch.Tensor)]
+    for node in gm.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                dtypes.append(v.dtype)
+    return TOLERANCES.get(least_precise_float(dtypes), TOLERANCES[torch.float32])
+
+
+def compare_values(outputs: list, reference: list, tolerance: tuple[float, float]) -> list[tuple[int, float, float]]:
+    """(output, largest difference, the reference's largest magnitude) for
+    each output that disagrees; a difference of inf: other shape, dtype,
+    NaNs or infinities, or unequal integers."""
+    rtol, atol = tolerance
+    found = []
+    for k, (got, want) in enumerate(zip(outputs, reference)):
+        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+            continue
+        if got.shape != want.shape or got.dtype != want.dtype:
+            found.append((k, float("inf"), 0.0))
+        elif want.numel() == 0:
+            continue
+        elif not want.is_floating_point():
+            if not torch.equal(got.cpu(), want.cpu()):
+                found.append((k, float("inf"), 0.0))
+        else:
+            got64, want64 = got.detach().cpu().double(), want.detach().cpu().double()
+            finite = torch.isfinite(want64)
+            if not torch.equal(torch.isfinite(got64), finite) or \
+                    not torch.equal(got64[~finite].nan_to_num(0.0), want64[~finite].nan_to_num(0.0)):
+                found.append((k, float("inf"), 0.0))
+                continue
+            scale = want64[finite].abs().max().item() if finite.any() else 0.0
+            max_diff = (got64 - want64)[finite].abs().max().item() if finite.any() else 0.0
+            if max_diff > atol + rtol * scale:
+                found.append((k, max_diff, scale))
+    return found
+
+
+@dataclasses.dataclass
+class Mismatch:
+    output: int
+    max_diff: float
+    scale: float        # the reference's largest magnitude
+    op: str             # the node that produces the output, with its source line
+
+
+def compare(graph: torch._C.Graph, outputs: list, reference: list) -> list[Mismatch]:
+    """The outputs of a group's generated code that differ from TorchScript's."""
+    producers = [v.node() for v in graph.outputs()]
+    return [Mismatch(k, d, scale, _op(producers[k]))
+            for k, d, scale in compare_values(outputs, reference, graph_tolerance(graph))]
+
+
+def _op(node: torch._C.Node) -> str:
+    if node.kind() in ("prim::TupleUnpack", "prim::ListUnpack"):
+        node = node.inputsAt(0).node()
+    where = node.s("source") if node.hasAttribute("source") else None
+    if where:
+        parts = where.rsplit(" ", 2)
+        where = f"{parts[0]}:{parts[2]} ({parts[1]})" if len(parts) == 3 else where
+    return node.kind() + (f" at {where}" if where else "")
+
+
+def report(name: str, describe: str, mismatches: list[Mismatch], case_path: str | None, stage: str) -> str:
+    """The warning's text, also kept by ``metrics``."""
+    shown = []
+    for m in mismatches[:5]:
+        size = f"{m.max_diff:.3g} off (largest value {m.scale:.3g})" if m.max_diff != float("inf") else "differs"
+        shown.append(f"output {m.output} from {m.op}: {size}")
+    more = f" and {len(mismatches) - 5} more outputs" if len(mismatches) > 5 else ""
+    text = (f"lazy_mlir check: fusion group {name}'s generated code disagrees with TorchScript: "
+            f"{'; '.join(shown)}{more} (stage at fault: {stage}). The group runs in TorchScript from now on. Group: [{describe}]")
+    if case_path:
+        text += f". Reproduce and shrink it: python -m lazy_mlir.minify {case_path}"
+    return text
+
+
+def save_case(graph: torch._C.Graph, inputs: list, reference: list, name: str, cfg,
+              prepare_group) -> tuple[str | None, str]:
+    """Finds the stage at fault (``ts_to_fx``, ``mlir``: the passes and the
+    export, or ``codegen``) by running each stage's FX graph eagerly on the
+    inputs, and writes that graph, the inputs and the options where
+    ``python -m lazy_mlir.minify`` reads them: (path or None, stage).
+    ``prepare_group``: group_lowering's, which the caller holds."""
+    from .lowering.ts_to_fx import ts_graph_to_fx  # here: only a mismatch loads the lowering
+
+    tolerance = graph_tolerance(graph)
+    stage, gm = "codegen", None
+    try:
+        first, _, _ = ts_graph_to_fx(graph, [_detached(t) for t in inputs])
+        if compare_values(list(first(*[_detached(t) for t in inputs])), reference, tolerance):
+            stage, gm = "ts_to_fx", first
+        else:
+            local = dataclasses.replace(cfg, dump_dir=None, cache=False)
+            prepared = prepare_group(graph, [_detached(t) for t in inputs], name, local)
+            if not hasattr(prepared, "fake_inputs"):
+                gm = first  # mlir-llvm generated the code: nothing exported to shrink
+            elif compare_values(list(prepared.gm(*[_detached(t) for t in inputs])), reference, tolerance):
+                stage, gm = "mlir", first
+            else:
+                gm = prepared.gm
+    except Exception as exc:  # noqa: BLE001 - the report stands without the stage
+        stage = f"unknown ({type(exc).__name__}: {exc})"
+    folder = cfg.dump_dir or os.path.join(os.getcwd(), "lazy_mlir_checks")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{name}.{time.strftime('%Y%m%d-%H%M%S')}.case.pt")
+        options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "dump_dir"}
+        torch.save({"name": name, "stage": stage, "graph": portable_graph.dumps(gm) if gm is not None else None,
+                    "ts_graph": str(graph), "inputs": [_detached(t) for t in inputs], "options": options}, path)
+        return path, stage
+    except (OSError, RuntimeError, TypeError):
+        return None, stage
+
+
+def _detached(t):
+    return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t
+
+
+def record(name: str, mismatches: list[Mismatch] | None, text: str | None = None) -> None:
+    metrics.count_check(name, text if mismatches else None)

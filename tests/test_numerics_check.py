@@ -1,0 +1,124 @@
+"""The numerics checker (init(check=True)) and the minifier, on a miscompile
+injected into Inductor's lowering of ``aten.sub`` (tests/miscompile_injection.py).
+
+The checker must find the disagreeing group at its first run, name the ops
+and source lines, run the group in TorchScript from then on (training equal
+to eager), and write a case that ``python -m lazy_mlir.minify`` shrinks to
+the flipped op alone, as a script that reproduces it standalone.
+Compiles run in this process (isolated_compile off): the injection lives here.
+"""
+import glob
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lazy_mlir
+from lazy_mlir import compile_cache, metrics, minify
+from helpers import CPU, LAZY
+
+TESTS = os.path.dirname(__file__)
+
+
+class Centered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+        self.center = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        h = self.fc(x) - self.center  # the subtraction whose lowering is flipped
+        return (h * h).mean()
+
+
+def _train(device, steps=3):
+    torch.manual_seed(0)
+    model = Centered().double().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(5, 6, generator=g, dtype=torch.float64).to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+        losses.append(loss.item())
+    return torch.tensor(losses), {n: p.detach().cpu() for n, p in model.named_parameters()}
+
+
+@pytest.fixture
+def injected(tmp_path, monkeypatch):
+    """The miscompile, in this process and in processes started from it."""
+    from torch._inductor import lowering
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MISCOMPILE_INJECTION_DIR", str(tmp_path))
+    monkeypatch.setitem(lowering.lowerings, torch.ops.aten.sub.Tensor, lowering.lowerings[torch.ops.aten.sub.Tensor])
+    monkeypatch.syspath_prepend(TESTS)
+    sys.modules.pop("miscompile_injection", None)
+    importlib.import_module("miscompile_injection")
+    yield tmp_path
+    sys.modules.pop("miscompile_injection", None)
+    compile_cache.clear_memory()  # the group's remembered failure: the injection made it
+
+
+@pytest.fixture
+def checking(tmp_path):
+    lazy_mlir.init("O1", check=True, isolated_compile=False, compile_workers=0, cache=False,
+                   background_compile=False, dump_dir=str(tmp_path / "dumps"))
+    metrics.reset()
+    yield
+    lazy_mlir.init("O1")
+
+
+def test_an_injected_miscompile_is_found_reported_and_trained_around(injected, checking):
+    lazy_mlir._C.clear_computation_cache()
+    eager_losses, eager_params = _train(CPU)
+    with pytest.warns(RuntimeWarning, match="disagrees with TorchScript") as caught:
+        lazy_losses, lazy_params = _train(LAZY)
+    text = next(str(w.message) for w in caught if "disagrees" in str(w.message))
+    assert "stage at fault: codegen" in text and "test_numerics_check.py" in text, text
+    s = metrics.snapshot()
+    assert s["checks_mismatched"] >= 1 and s["groups_fallen_back"], metrics.report()
+    # training went on correctly: TorchScript ran the group from the mismatch on
+    torch.testing.assert_close(lazy_losses, eager_losses, rtol=1e-12, atol=1e-12)
+    for name, p in eager_params.items():
+        torch.testing.assert_close(lazy_params[name], p, rtol=1e-12, atol=1e-12, msg=name)
+
+    # the minifier shrinks the case to the flipped op, as a script that reproduces it alone
+    case = sorted(glob.glob(str(injected / "dumps" / "*.case.pt")))[0]
+    script = minify.minify_case(case, str(injected / "repro.py"), imports=["miscompile_injection"], log=lambda _: None)
+    source = open(script).read()
+    graph = source.split('"""')[1]
+    assert graph.count("torch.ops.aten.") == 1 and "torch.ops.aten.sub.Tensor" in graph, graph
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 1 and "MISMATCH" in run.stdout, run.stdout + run.stderr
+
+
+def test_code_that_agrees_passes_the_check(checking, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    lazy_mlir._C.clear_computation_cache()
+    eager_losses, _ = _train(CPU)
+    lazy_losses, _ = _train(LAZY)
+    s = metrics.snapshot()
+    assert s["checks_passed"] >= 1 and s["checks_mismatched"] == 0, metrics.report()
+    assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 3, metrics.report()
+    torch.testing.assert_close(lazy_losses, eager_losses, rtol=1e-12, atol=1e-12)
+
+
+def test_tolerance_follows_the_least_precise_dtype():
+    from lazy_mlir import numerics_check
+    a = torch.ones(4, dtype=torch.float64)
+    near = a + 1e-7  # float32 rounding: beyond float64's tolerance, within float32's
+    assert numerics_check.compare_values([near], [a], numerics_check.TOLERANCES[torch.float64])
+    assert not numerics_check.compare_values([near], [a], numerics_check.TOLERANCES[torch.float32])
+    nan = torch.tensor([float("nan"), 1.0])
+    assert not numerics_check.compare_values([nan.clone()], [nan], numerics_check.TOLERANCES[torch.float32])
+    assert numerics_check.compare_values([torch.tensor([1.0, 1.0])], [nan], numerics_check.TOLERANCES[torch.float32])
+    assert numerics_check.compare_values([torch.tensor([1, 2])], [torch.tensor([1, 3])], (1.0, 1.0))
