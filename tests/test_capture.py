@@ -4,6 +4,7 @@ steps really replayed (metrics), traced far fewer IR nodes than op by op,
 and ran generated code; keys that change record again; a forward that
 cannot be recorded runs op by op with a warning."""
 import os
+import random
 import sys
 
 import pytest
@@ -641,3 +642,209 @@ def test_an_output_the_loss_leaves_out_gives_none_gradients(lazy_level):
             runs[device.type] = {n: p.cpu() for n, p in model.named_parameters()}
     for name, p in runs["cpu"].items():
         torch.testing.assert_close(runs["lazy"][name], p, rtol=1e-12, atol=1e-12, msg=name)
+
+
+# ------------------------------------------------------- Python the replay does not run
+class CountsCalls(nn.Module):
+    """Branches on a counter its forward increments."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+        self.calls = 0
+
+    def forward(self, x, y):
+        self.calls += 1
+        h = torch.tanh(self.fc1(x))
+        if self.calls % 2 == 0:
+            h = h * 2
+        return F.cross_entropy(self.fc2(h), y)
+
+
+def test_a_forward_that_changes_an_attribute_runs_op_by_op(lazy_level):
+    """A replay would take the branch of the record at every step, and the
+    record ran the forward twice (AOTAutograd traces it twice): the counter
+    is put back, the module refused with a warning naming the attribute, and
+    every step runs the forward once, as eagerly."""
+    batches = fp64(mlp_batches(6))
+    models = {}
+
+    def make(device):
+        def build():
+            torch.manual_seed(0)
+            models[device] = lazy_mlir.capture(CountsCalls().double())
+            return models[device]
+        return build
+
+    eager = train(make("cpu"), sgd, batches, CPU)
+    with pytest.warns(UserWarning, match=r"CountsCalls.forward runs op by op from now on \(it changes Python state "
+                                         r"that a replay would not: CountsCalls.calls attribute changed\)"):
+        lazy = train(make("lazy"), sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    assert models["lazy"].calls == models["cpu"].calls == 6
+    s = metrics.snapshot()
+    assert s["capture_records"] == 0 and s["captured_calls"] == 0 and s["capture_refused"] == 6, metrics.report()
+    assert "CountsCalls.calls" in s["capture_refusals"]["CountsCalls"]
+
+
+class LayerDrop(nn.Module):
+    """Skips each layer with probability 1/2 in training (LayerDrop), drawn
+    from Python's random."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 16)
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        for layer in self.layers:
+            if not self.training or random.random() >= 0.5:
+                h = torch.tanh(layer(h))
+        return F.cross_entropy(self.head(h), y)
+
+
+def test_a_forward_that_draws_from_pythons_random_runs_op_by_op(lazy_level):
+    """A replay would keep the layers of the record's draws at every step:
+    the module is refused with a warning naming the draw's line, Python's
+    random is put back as before the record, and the steps draw what eager
+    draws, no more."""
+    batches = fp64(mlp_batches(6))
+
+    def make():
+        torch.manual_seed(0)
+        random.seed(3)
+        return lazy_mlir.capture(LayerDrop().double())
+
+    eager = train(make, sgd, batches, CPU)
+    eager_random = random.getstate()
+    line = LayerDrop.forward.__code__.co_firstlineno + 3
+    with pytest.warns(UserWarning, match=rf"LayerDrop.forward runs op by op from now on \(.*Python's random was "
+                                         rf"drawn from at .*test_capture.py:{line}\)"):
+        lazy = train(make, sgd, batches, LAZY)
+    assert random.getstate() == eager_random
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == 0 and s["captured_calls"] == 0 and s["capture_refused"] == 6, metrics.report()
+
+
+GELU = True  # read by GlobalFlag.forward, flipped by the training loop
+
+
+class GlobalFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        h = self.fc1(x)
+        h = F.gelu(h) if GELU else torch.tanh(h)
+        return F.cross_entropy(self.fc2(h), y)
+
+
+def test_a_global_the_forward_reads_is_in_the_key(lazy_level):
+    """A module-level flag the forward reads, flipped mid-training, records
+    again; flipped back, the first record replays."""
+    global GELU
+    batches = fp64(mlp_batches(6))
+
+    def make():
+        torch.manual_seed(0)
+        return lazy_mlir.capture(GlobalFlag().double())
+
+    def flip(step):
+        global GELU
+        if step in (1, 3):
+            GELU = not GELU
+
+    runs = []
+    try:
+        for device in (CPU, LAZY):
+            GELU = True
+            runs.append(train(make, sgd, batches, device, after_step=flip))
+    finally:
+        GELU = True
+    assert_same_training(*runs, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == 2 and s["captured_calls"] == 6 and s["capture_refused"] == 0, metrics.report()
+
+
+STEPS = 0  # counted by WritesAGlobal.forward
+
+
+class WritesAGlobal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        global STEPS
+        STEPS += 1
+        h = torch.tanh(self.fc1(x))
+        return F.cross_entropy(self.fc2(h if STEPS % 3 else -h), y)
+
+
+def test_a_forward_that_writes_a_global_runs_op_by_op(lazy_level):
+    """The global is put back, the module refused with a warning naming the
+    global and the line that writes it; each step writes it once, as eagerly."""
+    global STEPS
+    batches = fp64(mlp_batches(6))
+
+    def make():
+        torch.manual_seed(0)
+        return lazy_mlir.capture(WritesAGlobal().double())
+
+    STEPS = 0
+    eager = train(make, sgd, batches, CPU)
+    assert STEPS == 6
+    STEPS = 0
+    line = WritesAGlobal.forward.__code__.co_firstlineno + 2
+    with pytest.warns(UserWarning, match=rf"WritesAGlobal.forward runs op by op .*global STEPS was written at "
+                                         rf".*test_capture.py:{line}"):
+        lazy = train(make, sgd, batches, LAZY)
+    assert STEPS == 6
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == 0 and s["capture_refused"] == 6, metrics.report()
+
+
+class Activation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.kind = "gelu"
+
+    def forward(self, h):
+        return F.gelu(h) if self.kind == "gelu" else torch.tanh(h)
+
+
+class AttributeFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(32, 64), Activation(), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc2(self.act(self.fc1(x))), y)
+
+
+def test_a_module_attribute_set_between_steps_is_in_the_key(lazy_level):
+    """A submodule's attribute the training loop sets between steps records
+    again; set back, the first record replays."""
+    batches = fp64(mlp_batches(6))
+    models = []
+
+    def make():
+        torch.manual_seed(0)
+        models.append(lazy_mlir.capture(AttributeFlag().double()))
+        return models[-1]
+
+    def switch(step):
+        if step in (1, 3):
+            act = models[-1].act
+            act.kind = "tanh" if act.kind == "gelu" else "gelu"
+
+    eager = train(make, sgd, batches, CPU, after_step=switch)
+    lazy = train(make, sgd, batches, LAZY, after_step=switch)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == 2 and s["captured_calls"] == 6 and s["capture_refused"] == 0, metrics.report()

@@ -12,16 +12,56 @@ its clustering, compiles and TorchScript fallbacks are the ones a per-op
 trace builds, with view ops as their ``_copy`` variants as functionalization
 traces them; random ops keep their order, so dropout draws what eager draws.
 
-A record is keyed by what a forward may depend on besides tensor values:
-the arguments' structure, dtypes, shapes and non-tensor values, the
-module's parameters and buffers (which tensors, their dtypes, shapes and
-requires_grad), train/eval and grad mode; any change records again (up to
-RECORD_LIMIT records per module, then new keys run op by op). Like
-``torch.compile(model)``, capturing is the user's statement that the forward
-reads nothing else that changes (a global flag, a config edited between
-steps). A forward that cannot be recorded (Python that reads tensor values,
-an op without an aten schema) runs op by op, with a warning that names the
+What a replay assumes. A replay runs none of the forward's Python: every
+decision that Python made from Python values while recording is replayed
+as made. A record is therefore keyed by everything capture can see that a
+forward may depend on besides tensor values, and any change records again
+(up to RECORD_LIMIT records per module, then new keys run op by op, with a
+warning naming the part of the key that changed):
+
+- the arguments' structure, dtypes, shapes and non-tensor values;
+- the module tree's parameters and buffers (which tensors, their dtypes,
+  shapes and requires_grad; a replaced submodule);
+- the plain attributes of every module in the tree (``m.__dict__`` values
+  that are bool, int, float, str, None, a torch dtype or device, or tuples
+  of those): ``model.use_cache = False`` between steps records again;
+- the plain globals that user code read while recording (LOAD_GLOBAL names
+  of the code objects that ran, outside torch, lazy_mlir and the standard
+  library, and ``config.FLAG`` of a user's module ``config``): flipping a
+  module-level flag records again, flipping it back replays the first
+  record;
+- grad mode, autocast state, train/eval.
+
+Checking them costs one C++ call per call (``_C.StateEntries``: each entry
+still the same object); the key's values are rebuilt only when one is not.
+
+What capture refuses. A forward that, while recorded, changes a module's
+attribute (a counter, a cache: ``self.calls += 1``), assigns a buffer
+(``self.buf = t`` rather than ``self.buf.copy_(t)``), writes a global (or
+a user module's attribute), or draws from Python's ``random`` (its global
+generator or a ``random.Random`` of its own) or NumPy's global generator
+would have that effect at the record only, and twice (AOTAutograd runs
+the forward twice). A write that a second record repeats unchanged (the
+same value at every call: a dtype kept, a warn-once flag) is kept, and the
+module captured; any other makes it refused: the Python state is put back
+as it was before the record, a warning names what changed (and the line
+of a write or of a draw from Python's random), and its forward runs op by
+op at every call from then on, so that it runs once a call, as eagerly.
+A forward that cannot be recorded (Python that reads tensor values, an op
+without an aten schema) runs op by op, with a warning that names the
 error, and is not tried again for that key.
+
+What capture cannot see (like ``torch.compile(model)`` without its
+guards, capturing is the user's statement that these do not change what
+the forward computes): attributes of objects that are not modules (a
+config object edited mid-training: ``model.config.dropout = 0``), values
+inside containers, closures' cells and default arguments, globals read by
+torch or library code outside the user's, module attributes read through
+more than one dot, non-plain values (an enum, an object) whose state
+changes, the time, the environment, files, and mutations the forward makes
+to objects other than modules, globals and Python's random generators
+(appending to a global list, editing a config object, drawing from a NumPy
+``Generator`` of its own).
 
 A call replays without AOTAutograd's runtime wrappers (one autograd node of
 our own over the two regions, ``_Direct``) where those would only pass
@@ -37,8 +77,15 @@ transformer's step outside the generated code).
 """
 from __future__ import annotations
 
+import dis
+import importlib.util
 import operator
+import os
+import random
+import sys
+import sysconfig
 import threading
+import types
 import warnings
 
 import torch
@@ -404,6 +451,373 @@ class _Record:
         return self.aot(*tensors)
 
 
+# ------------------------------------------------------------ Python state
+# A replay runs none of the forward's Python: what that Python decided at
+# record time from Python values (an attribute, a global, a draw from
+# Python's random) is replayed as decided. The values it may read are part
+# of the key (plain ones: see _plain); what it writes makes it refuse.
+_SCALARS = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device})
+_TUPLES = (tuple, torch.Size)
+_MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()  # a global that is not there
+
+
+def _plain(value) -> bool:
+    """A value a forward may branch on and a key can hold: a scalar (bool,
+    int, float, str, None, a torch dtype or device) or a tuple of them."""
+    kind = type(value)
+    return kind in _SCALARS or (kind in _TUPLES and all(_plain(v) for v in value))
+
+
+def _typed(value):
+    """A plain ``value`` with its type: 1, 1.0 and True are equal, but a
+    forward may tell them apart."""
+    if type(value) in _TUPLES:
+        return type(value), tuple(_typed(v) for v in value)
+    return type(value), value
+
+
+class _Values:
+    """Plain values in a record's key, hashed once: a module tree's plain
+    attributes are hundreds, and a key is hashed at every call."""
+
+    __slots__ = ("values", "hash")
+
+    def __init__(self, values: tuple):
+        self.values, self.hash = values, hash(values)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        return self is other or (type(other) is _Values and self.hash == other.hash and self.values == other.values)
+
+    def __repr__(self):
+        return f"_Values{self.values!r}"
+
+
+# Code in these is not the user's: its globals are not watched, and a draw
+# it makes is not the user's line. (Third-party model code, transformers'
+# or timm's, is the user's: its module flags decide what a forward does.)
+_LIBRARIES = ("torch", "functorch", "torchgen", "sympy", "mpmath", "networkx", "optree", "typing_extensions",
+              "filelock", "jinja2", "markupsafe", "fsspec", "triton", "numpy")
+_library_prefixes: tuple | None = None
+_stdlib_prefixes = tuple({os.path.join(p, "") for p in (sysconfig.get_paths()["stdlib"],
+                                                        sysconfig.get_paths()["platstdlib"])})
+_file_kinds: dict[str, str] = {}
+
+
+def _file_kind(filename: str) -> str:
+    """"user", "stdlib" or "library" (torch, lazy_mlir, torch's dependencies,
+    and code torch's FX generates)."""
+    kind = _file_kinds.get(filename)
+    if kind is None:
+        global _library_prefixes
+        if _library_prefixes is None:
+            prefixes = [os.path.join(os.path.dirname(__file__), "")]
+            for name in _LIBRARIES:
+                try:
+                    spec = importlib.util.find_spec(name)
+                except (ImportError, ValueError):
+                    spec = None
+                if spec is not None and spec.submodule_search_locations:
+                    prefixes.extend(os.path.join(p, "") for p in spec.submodule_search_locations)
+                elif spec is not None and spec.origin:
+                    prefixes.append(spec.origin)
+            _library_prefixes = tuple(prefixes)
+        if filename.startswith(_library_prefixes) or filename.startswith(("<eval_with_key>", "<frozen ")):
+            kind = "library"
+        elif (filename.startswith(_stdlib_prefixes) and os.sep + "site-packages" + os.sep not in filename
+              and os.sep + "dist-packages" + os.sep not in filename):
+            kind = "stdlib"
+        else:
+            kind = "user"
+        _file_kinds[filename] = kind
+    return kind
+
+
+class _Names:
+    """The globals a code object reads and writes, by ``dis``: ``loads``,
+    names of LOAD_GLOBAL; ``attributes``, (global, attribute) of a module's
+    attribute read as ``config.FLAG``; ``writes``, (global, attribute or
+    None, line) of STORE_GLOBAL/DELETE_GLOBAL and of ``config.FLAG = ...``."""
+
+    def __init__(self, code):
+        self.loads, self.attributes, self.writes = set(), set(), []
+        previous = None
+        for ins in dis.get_instructions(code):
+            op = ins.opname
+            line = ins.positions.lineno if getattr(ins, "positions", None) else ins.starts_line
+            if op == "LOAD_GLOBAL":
+                self.loads.add(ins.argval)
+            elif op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                self.writes.append((ins.argval, None, line))
+            elif previous is not None and previous.opname == "LOAD_GLOBAL":
+                if op in ("LOAD_ATTR", "LOAD_METHOD"):
+                    self.attributes.add((previous.argval, ins.argval))
+                elif op in ("STORE_ATTR", "DELETE_ATTR"):
+                    self.writes.append((previous.argval, ins.argval, line))
+            previous = ins
+
+
+_names_of: dict[int, tuple] = {}  # id(code) -> (code, its _Names)
+
+
+def _names(code) -> _Names:
+    known = _names_of.get(id(code))
+    if known is None or known[0] is not code:
+        known = _names_of[id(code)] = (code, _Names(code))
+    return known[1]
+
+
+def _user_module_dict(value) -> dict | None:
+    """The globals of ``value`` if it is a module of the user's."""
+    if isinstance(value, types.ModuleType) and _file_kind(getattr(value, "__file__", None) or "<builtin>") == "user":
+        return value.__dict__
+    return None
+
+
+def _same(a, b) -> bool:
+    """Equal states of a random generator (NumPy's hold arrays)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if type(a).__module__ == "numpy":
+        return a.shape == b.shape and bool((a == b).all())
+    return a == b
+
+
+def _random_types() -> tuple:
+    """Python's random generators, and NumPy's if NumPy is loaded."""
+    np_random = sys.modules.get("numpy.random")
+    extra = (np_random.RandomState, np_random.Generator) if np_random is not None else ()
+    return (random.Random, *extra)
+
+
+def _generator_state(generator):
+    if isinstance(generator, random.Random):
+        return generator.getstate()
+    if hasattr(generator, "get_state"):  # numpy.random.RandomState
+        return generator.get_state()
+    return generator.bit_generator.state  # numpy.random.Generator
+
+
+def _set_generator_state(generator, state) -> None:
+    if isinstance(generator, random.Random):
+        generator.setstate(state)
+    elif hasattr(generator, "set_state"):
+        generator.set_state(state)
+    else:
+        generator.bit_generator.state = state
+
+
+def _generator_name(generator) -> str:
+    if generator is random._inst:
+        return "Python's random"
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None and generator is getattr(np_random.mtrand, "_rand", None):
+        return "NumPy's random"
+    return f"a {type(generator).__module__}.{type(generator).__name__}"
+
+
+_STATE_DICTS = ("_parameters", "_buffers", "_modules")  # their entries are named as attributes
+
+
+def _contents(value):
+    """A shallow copy of a list, dict or set attribute (None for others)."""
+    try:
+        if isinstance(value, list):
+            return list(value)
+        if isinstance(value, dict):
+            return dict(value)
+        if isinstance(value, (set, frozenset)):
+            return set(value)
+    except Exception:  # noqa: BLE001 - a container that cannot be copied is compared by identity only
+        pass
+    return None
+
+
+def _same_item(a, b) -> bool:
+    return a is b or (_plain(a) and _plain(b) and _typed(a) == _typed(b))
+
+
+def _same_contents(before, now) -> bool:
+    if isinstance(before, list):
+        return len(before) == len(now) and all(_same_item(a, b) for a, b in zip(before, now))
+    if isinstance(before, dict):
+        return len(before) == len(now) and all(k in now and _same_item(v, now[k]) for k, v in before.items())
+    return before == set(now)
+
+
+class _PythonState:
+    """What a forward does to Python state while it is recorded (AOTAutograd
+    runs it twice): its modules' attributes, Python's and NumPy's random
+    generators, globals. Built before the record; ``changes()`` after it
+    names what changed, ``restore()`` puts it back. Inside ``with``, a
+    profile function (``sys.setprofile``) sees the user code that runs
+    (``guards()``: the plain globals it reads), the globals it may write
+    (their values at its first call), and the generators drawn from (and
+    from which line)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.name = type(module).__name__
+        self.assigned: set[str] = set()  # the parameters and buffers the forward assigned (see _record)
+        self.modules = []  # (module, its __dict__ then, copies of its containers then)
+        for m in module.modules():
+            attributes = dict(m.__dict__)
+            self.modules.append((m, attributes, {k: c for k, v in attributes.items()
+                                                 if (c := _contents(v)) is not None}))
+        self.random_types = _random_types()
+        self.generators: dict[int, list] = {}  # id -> [generator, its state then, first user line drawn from]
+        self._generator(random._inst)
+        np_random = sys.modules.get("numpy.random")
+        if np_random is not None and getattr(np_random.mtrand, "_rand", None) is not None:
+            self._generator(np_random.mtrand._rand)
+        self.codes: dict[int, tuple] = {}  # id(code) -> (code, its frame's globals, or None: not user code)
+        self.writes: dict[tuple, tuple] = {}  # (id(dict), name) -> (dict, name, value then, where, label)
+        self.previous = self.resume = None
+
+    def _generator(self, generator) -> list:
+        entry = self.generators.get(id(generator))
+        if entry is None:
+            entry = self.generators[id(generator)] = [generator, _generator_state(generator), None]
+        return entry
+
+    # ---------------------------------------------------------- the profile
+    def __enter__(self):
+        previous = sys.getprofile()
+        if previous is not None and hasattr(previous, "disable") and hasattr(previous, "enable"):
+            previous.disable()  # cProfile: not a function to chain; paused while recording
+            self.resume = previous.enable
+        else:
+            self.previous = previous  # a Python profile function: called after ours
+        sys.setprofile(self._event)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self.previous)
+        if self.resume is not None:
+            self.resume()
+
+    def _event(self, frame, event, arg):
+        if event == "call":
+            if id(frame.f_code) not in self.codes:
+                self._first_call(frame)
+        elif event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            if owner is not None and isinstance(owner, self.random_types):
+                self._draw(frame, owner)
+        if self.previous is not None:
+            self.previous(frame, event, arg)
+
+    def _first_call(self, frame) -> None:
+        code = frame.f_code
+        if _file_kind(code.co_filename) != "user":
+            self.codes[id(code)] = (code, None)
+            return
+        scope = frame.f_globals
+        self.codes[id(code)] = (code, scope)
+        try:
+            for name, attribute, line in _names(code).writes:
+                if attribute is None:
+                    target, key, label = scope, name, name
+                elif isinstance(scope.get(name), types.ModuleType):  # config.FLAG = ...
+                    target, key, label = scope[name].__dict__, attribute, f"{name}.{attribute}"
+                else:
+                    continue
+                if (id(target), key) not in self.writes:
+                    self.writes[(id(target), key)] = (target, key, target.get(key, _MISSING),
+                                                      f"{code.co_filename}:{line}", label)
+        except Exception:  # noqa: BLE001 - never raise into the traced code
+            pass
+
+    def _draw(self, frame, generator) -> None:
+        """A draw from ``generator`` (before it happens): the user's line
+        that draws; a generator of the user's own, its state."""
+        try:
+            entry = self.generators.get(id(generator))
+            if entry is not None and entry[2] is not None:
+                return
+            while frame is not None and _file_kind(frame.f_code.co_filename) == "stdlib":
+                frame = frame.f_back  # random.choice's frames in random.py: the user's line calls it
+            if frame is None or _file_kind(frame.f_code.co_filename) != "user":
+                return  # a library's draw (from Python's random: still seen as a change)
+            if entry is None:
+                entry = self._generator(generator)
+            entry[2] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        except Exception:  # noqa: BLE001 - never raise into the traced code
+            pass
+
+    # -------------------------------------------------------- after the record
+    def changes(self) -> list[str]:
+        found = []
+        for m, before, contents in self.modules:
+            now = m.__dict__
+            for key in sorted(before.keys() | now.keys()):
+                a, b = before.get(key, _MISSING), now.get(key, _MISSING)
+                if key in _STATE_DICTS and a is b and key in contents:
+                    found.extend(f"{type(m).__name__}.{n} attribute changed"
+                                 for n in sorted(contents[key].keys() | b.keys())
+                                 if contents[key].get(n, _MISSING) is not b.get(n, _MISSING))
+                elif not (_same_item(a, b) and (key not in contents or _same_contents(contents[key], b))):
+                    found.append(f"{type(m).__name__}.{key} attribute changed")
+        for generator, before, where in self.generators.values():
+            if not _same(_generator_state(generator), before):
+                found.append(f"{_generator_name(generator)} was drawn from" + (f" at {where}" if where else ""))
+        for target, key, before, where, label in self.writes.values():
+            if not _same_item(before, target.get(key, _MISSING)):
+                found.append(f"global {label} was written at {where}")
+        found.extend(f"{self.name}.{name} attribute changed" for name in sorted(self.assigned))
+        return found
+
+    def drew(self) -> bool:
+        """Whether a random generator was drawn from."""
+        return any(not _same(_generator_state(g), before) for g, before, _ in self.generators.values())
+
+    def restore(self) -> None:
+        for m, before, contents in self.modules:
+            now = m.__dict__
+            for key in [k for k in now if k not in before]:
+                del now[key]
+            for key, value in before.items():
+                if now.get(key, _MISSING) is not value:
+                    now[key] = value
+                copy = contents.get(key)
+                if copy is not None and not _same_contents(copy, value):
+                    if isinstance(value, list):
+                        value[:] = copy
+                    else:  # a dict or set (a frozenset is never changed)
+                        value.clear()
+                        value.update(copy)
+        for generator, before, _ in self.generators.values():
+            _set_generator_state(generator, before)
+        for target, key, before, _, _ in self.writes.values():
+            if before is _MISSING:
+                target.pop(key, None)
+            else:
+                target[key] = before
+
+    def guards(self) -> list[tuple[dict, str]]:
+        """(globals, name) of each plain global the user code read (a
+        module's attribute read as ``config.FLAG`` too, if the module is the
+        user's)."""
+        found = {}
+        for code, scope in self.codes.values():
+            if scope is None:
+                continue
+            names = _names(code)
+            for name in names.loads:
+                if name in scope and _plain(scope[name]):
+                    found[(id(scope), name)] = (scope, name)
+            for name, attribute in names.attributes:
+                target = _user_module_dict(scope.get(name))
+                if target is not None and attribute in target and _plain(target[attribute]):
+                    found[(id(target), attribute)] = (target, attribute)
+        return list(found.values())
+
+
 # ------------------------------------------------------------------ capture
 _recording = threading.local()
 
@@ -411,12 +825,15 @@ _recording = threading.local()
 def recording() -> bool:
     """Whether this thread is recording a captured forward (on fake tensors)."""
     return getattr(_recording, "active", False)
+
+
 # Records kept per module, as Dynamo's recompile limit: past it a new key
 # (a sequence length that changes every step) runs op by op, where the
 # shape-generic compile path still covers it, instead of recording anew.
 RECORD_LIMIT = 8
 _KEY_PARTS = ("argument structure", "argument dtypes/shapes/values", "parameters and buffers",
-              "their dtypes/shapes/requires_grad", "train/eval", "grad mode", "autocast")
+              "their dtypes/shapes/requires_grad", "train/eval", "grad mode", "autocast",
+              "module attributes", "globals read")
 
 
 def _key_change(key: tuple, records: dict) -> str:
@@ -434,19 +851,29 @@ def _signature(leaf):
     return type(leaf), leaf
 
 
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)  # _parameters, the hooks' dicts...
+
+
 class _NamedState:
     """``[*module.named_parameters(), *module.named_buffers()]`` at each
-    call, without walking the module tree when it has not changed (the walk
-    was a third of a small model's capture overhead): the entries it read
-    (dict, key, value: each submodule, parameter and buffer) are checked to
-    be still in place, and the dicts to hold nothing more, in one C++ call
-    (``_C.StateEntries``: this runs at every call)."""
+    call, with the plain attributes of the tree's modules and the values of
+    the watched globals (``watch``; see :class:`_PythonState`), without
+    walking the module tree when nothing has changed (the walk was a third
+    of a small model's capture overhead): the entries it read (dict, key,
+    value: each submodule, parameter, buffer, attribute but nn.Module's own,
+    and watched global) are checked to be still in place, and the dicts of
+    the tree to hold nothing more, in one C++ call (``_C.StateEntries``:
+    this runs at every call). An entry replaced by an equal value (``m.p =
+    0.5`` again) walks again, and keeps its key."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
         self.named: list = []
         self.tensors: list = []
         self.identity: tuple = ()  # (name, id) of each tensor: part of a record's key
+        self.attributes = _Values(())  # ("prefix.name", typed value) of each plain module attribute: in the key
+        self.watched: list[tuple[dict, str]] = []  # (globals, name) that some record read
+        self.globals = _Values(())  # their typed values, in that order: in the key
         self.entries = None  # the last walk's _C.StateEntries
 
     def get(self) -> list[tuple[str, torch.Tensor]]:
@@ -454,13 +881,22 @@ class _NamedState:
             self._walk()
         return self.named
 
+    def watch(self, guards: list[tuple[dict, str]]) -> int:
+        """Watches the globals of ``guards`` not yet watched; returns how many."""
+        known = {(id(scope), name) for scope, name in self.watched}
+        new = [(scope, name) for scope, name in guards if (id(scope), name) not in known]
+        if new:
+            self.watched.extend(new)
+            self.entries = None  # the next get() walks
+        return len(new)
+
     def _walk(self) -> None:
         order, seen = [], {id(self.module)}  # (prefix, module), depth-first as named_modules()
         entries, dicts = [], []
 
         def walk(prefix, m):
             order.append((prefix, m))
-            dicts.extend([m._modules, m._parameters, m._buffers])
+            dicts.extend([m._modules, m._parameters, m._buffers, m.__dict__])
             for name, child in m._modules.items():
                 entries.append((m._modules, name, child))
                 if child is not None and id(child) not in seen:
@@ -480,6 +916,28 @@ class _NamedState:
         self.named = params + buffers
         self.tensors = [t for _, t in self.named]
         self.identity = tuple((name, id(t)) for name, t in self.named)
+        attributes = []
+        for prefix, m in order:
+            d = m.__dict__
+            for name, value in d.items():
+                if _plain(value):
+                    entries.append((d, name, value))
+                    attributes.append((prefix + name, _typed(value)))
+                elif name not in _MODULE_INTERNALS:  # not in the key, but one made plain would be
+                    entries.append((d, name, value))
+        if tuple(attributes) != self.attributes.values:
+            self.attributes = _Values(tuple(attributes))
+        values = []
+        for scope, name in self.watched:
+            if name in scope:
+                entries.append((scope, name, scope[name]))
+                # a watched global since made an object: keyed by identity (the entry holds it)
+                values.append(_typed(scope[name]) if _plain(scope[name]) else (object, id(scope[name])))
+            else:  # deleted: defined again, it changes the dict's length
+                dicts.append(scope)
+                values.append(_MISSING)
+        if tuple(values) != self.globals.values:
+            self.globals = _Values(tuple(values))
         self.entries = _C.StateEntries(dicts, entries)
 
 
@@ -493,6 +951,7 @@ class CapturedForward:
         self.state = _NamedState(module)
         self.records: dict = {}
         self.refused: set = set()
+        self.mutates: str | None = None  # what the forward wrote while recorded: then every call runs it
         self.specs: dict = {}  # (number of arguments, keyword names) -> the spec of tensor-only calls
 
     def __call__(self, *args, **kwargs):
@@ -506,9 +965,10 @@ class CapturedForward:
         if (recording() or torch.compiler.is_compiling() or state_signature is None
                 or any(isinstance(x, torch.Tensor) and x.device.type != "lazy" for x in leaves)):
             return self.original(*args, **kwargs)
-        mode = module.mode() if isinstance(module, CapturedFunction) else module.training
-        key = (spec, tuple(_signature(x) for x in leaves), self.state.identity, state_signature, mode,
-               torch.is_grad_enabled(), autocast.state())
+        if self.mutates is not None:
+            metrics.count_capture("refused")
+            return self.original(*args, **kwargs)
+        key = self._key(spec, leaves, state_signature)
         if self.refused and key in self.refused:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)
@@ -521,20 +981,76 @@ class CapturedForward:
             self.refused.add(key)
             return self.original(*args, **kwargs)
         if record is None:
-            try:
-                record = self._record([name for name, _ in named], state, leaves, spec)
-            except Exception as error:  # noqa: BLE001 - Python that reads values, an op without a schema
-                why = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}, "
-                       f"at {syncs.user_source_of(error.__traceback__)}")
-                warnings.warn(f"lazy_mlir.capture: {type(module).__name__}.forward could not be recorded, "
-                              f"it runs op by op ({why})", stacklevel=2)
-                metrics.count_capture("refused", type(module).__name__, why)
-                self.refused.add(key)
+            record = self._try_record(key, [name for name, _ in named], state, leaves, spec)
+            if record is None:  # refused, Python state as before the record: the forward runs once, as eagerly
                 return self.original(*args, **kwargs)
-            self.records[key] = record
             metrics.count_capture("recorded")
         metrics.count_capture("replayed")
         return record(*state, *(x for x in leaves if isinstance(x, torch.Tensor)))
+
+    def _key(self, spec, leaves: list, state_signature) -> tuple:
+        """What a record assumes, besides tensor values (see _KEY_PARTS)."""
+        module = self.module
+        mode = module.mode() if isinstance(module, CapturedFunction) else module.training
+        return (spec, tuple(_signature(x) for x in leaves), self.state.identity, state_signature, mode,
+                torch.is_grad_enabled(), autocast.state(), self.state.attributes, self.state.globals)
+
+    def _try_record(self, key: tuple, names: list[str], state: list, leaves: list, spec):
+        """Records ``key``, watching what the forward does to Python state;
+        returns the record, or None where it was refused: a forward that
+        could not be recorded (for this key), or one that wrote Python state
+        (an attribute, a global, a draw from Python's random: for every key
+        from now on, its Python running at every call as eagerly). Python
+        state is then as before the record."""
+        module = type(self.module).__name__
+        python = _PythonState(self.module)
+        record, error = self._attempt(names, state, leaves, spec, python)
+        changes = python.changes()
+        if changes and error is None and not python.drew():
+            # Writes of the same values at every call (NLLB's router keeps its
+            # input's dtype, a warn-once flag) leave nothing for a replay to
+            # miss: a second record, from the state the first left, changes
+            # nothing. A counter changes again: refused.
+            again = _PythonState(self.module)
+            record, error = self._attempt(names, state, leaves, spec, again)
+            if not again.changes() and error is None:
+                changes = []
+            else:
+                again.restore()
+        if error is not None:  # Python that reads values, an op without a schema: this key runs op by op
+            python.restore()
+            why = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}, "
+                   f"at {syncs.user_source_of(error.__traceback__)}")
+            warnings.warn(f"lazy_mlir.capture: {module}.forward could not be recorded, "
+                          f"it runs op by op ({why})", stacklevel=3)
+            metrics.count_capture("refused", module, why)
+            self.refused.add(key)
+            return None
+        if changes:
+            python.restore()
+            why = "it changes Python state that a replay would not: " + "; ".join(changes)
+            self.mutates = why
+            warnings.warn(f"lazy_mlir.capture: {module}.forward runs op by op from now on ({why})", stacklevel=3)
+            metrics.count_capture("refused", module, why)
+            return None
+        if self.state.watch(python.guards()):
+            # The globals the record read join every key, with their values
+            # now: earlier records and refusals did not read them, the
+            # values they keep any will do.
+            self.state.get()
+            added = self.state.globals.values[len(key[-1].values):]
+            self.records = {(*k[:-1], _Values(k[-1].values + added)): r for k, r in self.records.items()}
+            self.refused = {(*k[:-1], _Values(k[-1].values + added)) for k in self.refused}
+            key = (*key[:-1], self.state.globals)
+        self.records[key] = record
+        return record
+
+    def _attempt(self, names, state, leaves, spec, python) -> tuple:
+        """(the record, None) or (None, the error that stopped it)."""
+        try:
+            return self._record(names, state, leaves, spec, python), None
+        except Exception as error:  # noqa: BLE001 - reported by _try_record
+            return None, error
 
     def _flatten(self, args: tuple, kwargs: dict) -> tuple[list, object]:
         """``tree_flatten((args, kwargs))``. A call with tensors only (the
@@ -549,9 +1065,10 @@ class CapturedForward:
             return list(values), spec
         return tree_flatten((args, kwargs))
 
-    def _record(self, names: list[str], state: list[torch.Tensor], leaves: list, spec):
+    def _record(self, names: list[str], state: list[torch.Tensor], leaves: list, spec, python: "_PythonState"):
         """AOTAutograd's forward-and-backward function for this key, its
-        forward recorded (its backward records at its first call)."""
+        forward recorded (its backward records at its first call), the
+        recording watched by ``python``."""
         from torch._functorch.aot_autograd import aot_function
         from torch.nn.utils.stateless import _reparametrize_module
 
@@ -568,8 +1085,12 @@ class CapturedForward:
             for i, t in zip(tensor_at, tensors[len(state):]):
                 full[i] = t
             args, kwargs = tree_unflatten(full, spec)
-            with _reparametrize_module(module, dict(zip(names, tensors[:len(state)])), tie_weights=True):
+            swapped = dict(zip(names, tensors[:len(state)]))
+            with _reparametrize_module(module, swapped, tie_weights=True):
                 result = original(*args, **kwargs)
+            # a buffer the forward assigns (self.buf = t) is put back on exit,
+            # the forward's value written into ``swapped``: a replay would not assign it
+            python.assigned.update(name for name, t in zip(names, tensors) if swapped[name] is not t)
             record.outputs, record.out_spec = tree_flatten(result)
             return result
 
@@ -603,8 +1124,9 @@ class CapturedForward:
 
         _recording.active = True
         try:
-            outputs = compiled(*(fake(t) for t in state), *(fake(leaves[i]) for i in tensor_at))
-            _record_backward(outputs)
+            with python:
+                outputs = compiled(*(fake(t) for t in state), *(fake(leaves[i]) for i in tensor_at))
+                _record_backward(outputs)
         finally:
             _recording.active = False
         record.aot = compiled
