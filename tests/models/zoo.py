@@ -288,6 +288,40 @@ def _falcon(v):  # multi-query: one key/value head split out of a fused qkv, par
                    hidden_dropout=v.dropout)
 
 
+def _gpt_bigcode(v):  # multi-query: one key/value head in a fused c_attn, split by sizes
+    d = v.dims
+    return _config(v, "GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_layer=d.layers, n_embd=d.hidden,
+                   n_head=2 * d.heads, n_inner=d.ffn, multi_query=True, n_positions=_positions(v), vocab_size=d.vocab,
+                   bos_token_id=0, eos_token_id=0, resid_pdrop=v.dropout, embd_pdrop=v.dropout,
+                   attn_pdrop=v.dropout)
+
+
+def _bloom(v):  # ALiBi position biases, fused qkv viewed per head, softmax in fp32
+    d = v.dims
+    return _config(v, "BloomConfig", "BloomForCausalLM", n_layer=d.layers, hidden_size=d.hidden, n_head=d.heads,
+                   vocab_size=d.vocab, bos_token_id=0, eos_token_id=0, hidden_dropout=v.dropout,
+                   attention_dropout=v.dropout)
+
+
+def _gptj(v):  # rotary on interleaved pairs (rotate_every_two), parallel attention and MLP
+    d = v.dims
+    return _config(v, "GPTJConfig", "GPTJForCausalLM", n_layer=d.layers, n_embd=d.hidden, n_head=d.heads,
+                   rotary_dim=d.hidden // d.heads // 2, n_positions=_positions(v), vocab_size=d.vocab,
+                   bos_token_id=0, eos_token_id=0, resid_pdrop=v.dropout, embd_pdrop=v.dropout,
+                   attn_pdrop=v.dropout)
+
+
+def _stablelm(v):  # partial rotary, LayerNorm, grouped-query attention
+    return _config(v, "StableLmConfig", "StableLmForCausalLM",
+                   **_decoder_fields(v, partial_rotary_factor=0.5, hidden_dropout=v.dropout))
+
+
+def _starcoder2(v):  # grouped-query attention with biases, a sliding window, LayerNorm
+    return _config(v, "Starcoder2Config", "Starcoder2ForCausalLM",
+                   **_decoder_fields(v, sliding_window=v.length // 2, residual_dropout=v.dropout,
+                                     embedding_dropout=v.dropout))
+
+
 def _opt(v):  # learned positions offset by 2, computed from the mask's cumsum
     d = v.dims
     return _config(v, "OPTConfig", "OPTForCausalLM", num_hidden_layers=d.layers, hidden_size=d.hidden, ffn_dim=d.ffn,
@@ -399,6 +433,11 @@ SPECS.update({
     "mixtral": Spec(_mixtral, _tokens, _causal_lm_loss, adamw, **_ONE),
     "gpt_neox": Spec(_gpt_neox, _tokens, _causal_lm_loss, adamw, **_ONE),
     "falcon": Spec(_falcon, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "gpt_bigcode": Spec(_gpt_bigcode, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "bloom": Spec(_bloom, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "gptj": Spec(_gptj, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "stablelm": Spec(_stablelm, _tokens, _causal_lm_loss, adamw, **_ONE),
+    "starcoder2": Spec(_starcoder2, _tokens, _causal_lm_loss, adamw, **_ONE),
     "opt": Spec(_opt, _tokens, _causal_lm_loss, adamw, **_ONE),
     "distilbert": Spec(_distilbert, _bert_inputs, _bert_loss, adamw, **_ONE),
     "roberta": Spec(_roberta, _bert_inputs, _bert_loss, adamw, **_ONE),
