@@ -68,6 +68,8 @@ _RMS_NORM = "RMSNorm and the rotary embedding compute in fp32"
 FP32_ISLANDS = {"llama": _RMS_NORM, "qwen2": _RMS_NORM, "mistral": _RMS_NORM, "gemma": _RMS_NORM, "phi3": _RMS_NORM,
                 "mixtral": _RMS_NORM,
                 "gpt_neox": "the rotary embedding computes in fp32", "falcon": "the rotary embedding computes in fp32",
+                "stablelm": "the rotary embedding computes in fp32", "starcoder2": "the rotary embedding computes in fp32",
+                "gptj": "the rotary embedding computes in fp32", "bloom": "its attention softmax computes in fp32",
                 "t5": "T5LayerNorm computes its variance in fp32", "mt5": "T5LayerNorm computes its variance in fp32"}
 # At its second image size ViT interpolates its position embeddings with
 # bicubic upsampling, traced through torch._decomp's decomposition: its sums
