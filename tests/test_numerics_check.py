@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import lazy_mlir
 from lazy_mlir import compile_cache, metrics, minify
-from helpers import CPU, LAZY
+from helpers import CPU, LAZY, SMALL_GPT, gpt_batches, make_adamw, make_gpt
 
 TESTS = os.path.dirname(__file__)
 
@@ -101,15 +101,22 @@ def test_an_injected_miscompile_is_found_reported_and_trained_around(injected, c
     assert run.returncode == 1 and "MISMATCH" in run.stdout, run.stdout + run.stderr
 
 
-def test_code_that_agrees_passes_the_check(checking, tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+def test_correct_float32_adam_code_passes_the_check(checking):
+    """No false alarm on float32 AdamW (GPT): where a gradient is rounding
+    noise, Adam's first update (g / sqrt(g^2)) is too, in any correct code:
+    the check measures that noise floor (inputs moved by a few ulps)."""
     lazy_mlir._C.clear_computation_cache()
-    eager_losses, _ = _train(CPU)
-    lazy_losses, _ = _train(LAZY)
+    torch.manual_seed(0)
+    model = make_gpt(SMALL_GPT).to(LAZY)
+    opt = make_adamw(model)
+    for x, y in gpt_batches(SMALL_GPT, 3):
+        model(x.to(LAZY), y.to(LAZY)).backward()
+        opt.step()
+        opt.zero_grad()
+        torch._lazy.mark_step()
     s = metrics.snapshot()
     assert s["checks_passed"] >= 1 and s["checks_mismatched"] == 0, metrics.report()
     assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 3, metrics.report()
-    torch.testing.assert_close(lazy_losses, eager_losses, rtol=1e-12, atol=1e-12)
 
 
 def test_tolerance_follows_the_least_precise_dtype():
@@ -118,6 +125,8 @@ def test_tolerance_follows_the_least_precise_dtype():
     near = a + 1e-7  # float32 rounding: beyond float64's tolerance, within float32's
     assert numerics_check.compare_values([near], [a], numerics_check.TOLERANCES[torch.float64])
     assert not numerics_check.compare_values([near], [a], numerics_check.TOLERANCES[torch.float32])
+    # within ten times the output's noise floor: rounding, whatever the dtype
+    assert not numerics_check.compare_values([a + 1e-3], [a], numerics_check.TOLERANCES[torch.float64], [1e-3])
     nan = torch.tensor([float("nan"), 1.0])
     assert not numerics_check.compare_values([nan.clone()], [nan], numerics_check.TOLERANCES[torch.float32])
     assert numerics_check.compare_values([torch.tensor([1.0, 1.0])], [nan], numerics_check.TOLERANCES[torch.float32])

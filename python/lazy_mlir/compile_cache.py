@@ -254,7 +254,9 @@ def store_failure(key: str, reason: str, cfg: config.Config, on_disk: bool = Tru
 
 def discard_code(key: str, lowered: LoweredGroup, reason: str, cfg: config.Config) -> None:
     """Code found wrong (numerics_check): no longer served, here or from the
-    disk cache, and the group remembered as failed (it runs in TorchScript)."""
+    disk cache, and the group remembered as failed in this process (it runs
+    in TorchScript); a later process compiles it again (and, checking,
+    checks it again)."""
     variants = _entries.get(key, [])
     if lowered in variants:
         variants.remove(lowered)
@@ -262,7 +264,7 @@ def discard_code(key: str, lowered: LoweredGroup, reason: str, cfg: config.Confi
     if disk is not None:
         for entry in {key, lowered.disk_key or key}:
             disk.remove(entry)
-    store_failure(key, reason, cfg)
+    store_failure(key, reason, cfg, on_disk=False)
 
 
 def known_failure(key: str, cfg: config.Config) -> str | None:

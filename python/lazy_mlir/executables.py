@@ -486,13 +486,15 @@ class GroupExecutable:
             self._run = code_run
             # copies taken before the code runs: it may write outputs into donated inputs
             originals = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
-            reference = TorchScriptExecutable(self.graph, self.name, count=None)(list(originals))
+            interpreter = TorchScriptExecutable(self.graph, self.name, count=None)
+            reference = interpreter(list(originals))
+            floors = numerics_check.noise_floors(reference, interpreter(numerics_check.perturbed(originals)))
             outputs = code_run(inputs)
-            mismatches = numerics_check.compare(self.graph, outputs, reference)
+            mismatches = numerics_check.compare(self.graph, outputs, reference, floors)
             if not mismatches:
                 numerics_check.record(self.name, None)
                 return outputs
-            case, stage = numerics_check.save_case(self.graph, originals, reference, self.name, self.cfg,
+            case, stage = numerics_check.save_case(self.graph, originals, reference, floors, self.name, self.cfg,
                                                        prepare_group)
             text = numerics_check.report(self.name, self.describe, mismatches, case, stage)
             numerics_check.record(self.name, mismatches, text)

@@ -9,12 +9,16 @@ the reference's), so training goes on correctly; the case (the group's
 graph and inputs) is written to a file that ``python -m lazy_mlir.minify``
 shrinks into a standalone reproducer.
 
-Tolerances follow the least precise floating dtype anywhere in the group
-(inputs, intermediates, outputs): a float64 group whose ops all compute in
-float64 is held to 1e-9 of each output's largest value; one that computes
-a part in float32 (a model's rotary tables) to float32's rounding. Integer
-and boolean outputs must be equal. Costs one TorchScript run and one copy
-of the inputs per new code, nothing on later runs.
+An output disagrees when it differs by more than both (a) a tolerance of
+the least precise floating dtype anywhere in the group (inputs,
+intermediates, outputs: float64 throughout, 1e-9 of the output's largest
+value; a part in float32, as a model's rotary tables, 1e-4) and (b) ten
+times its noise floor: how much the reference itself moves when the inputs
+are moved by a few units in their last place (an Adam step divides a
+gradient by its own square root: where gradients are rounding noise, so
+is the update, in any correct code). Integer and boolean outputs must be
+equal. Costs two TorchScript runs and two copies of the inputs per new
+code, nothing on later runs.
 """
 from __future__ import annotations
 
@@ -56,13 +60,52 @@ def fx_tolerance(gm: torch.fx.GraphModule, inputs: list) -> tuple[float, float]:
     return TOLERANCES.get(least_precise_float(dtypes), TOLERANCES[torch.float32])
 
 
-def compare_values(outputs: list, reference: list, tolerance: tuple[float, float]) -> list[tuple[int, float, float]]:
+def perturbed(inputs: list, seed: int = 0) -> list:
+    """Copies of ``inputs`` whose floating values are moved by a few units
+    in their last place (random signs): what rounding alone can change."""
+    g = torch.Generator().manual_seed(seed)
+    moved = []
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            eps = torch.finfo(t.dtype).eps * ROUNDING_ULPS
+            signs = torch.randint(0, 2, t.shape, generator=g).to(t.device, t.dtype) * 2 - 1
+            moved.append(t * (1 + eps * signs))
+        else:
+            moved.append(t.clone() if isinstance(t, torch.Tensor) else t)
+    return moved
+
+
+# Inputs are moved by this many units in the last place to measure each
+# output's rounding noise; a difference within NOISE_FACTOR times it is
+# rounding (the zoo tests hold real models to the same noise floor).
+ROUNDING_ULPS = 4
+NOISE_FACTOR = 10
+
+
+def noise_floors(reference: list, moved_reference: list) -> list[float]:
+    """Per output, the largest change that rounding of the inputs made."""
+    floors = []
+    for want, moved in zip(reference, moved_reference):
+        if isinstance(want, torch.Tensor) and isinstance(moved, torch.Tensor) and want.is_floating_point() \
+                and want.shape == moved.shape and want.numel():
+            diff = (moved.detach().cpu().double() - want.detach().cpu().double())
+            finite = torch.isfinite(diff)
+            floors.append(diff[finite].abs().max().item() if finite.any() else 0.0)
+        else:
+            floors.append(0.0)
+    return floors
+
+
+def compare_values(outputs: list, reference: list, tolerance: tuple[float, float],
+                   floors: list[float] | None = None) -> list[tuple[int, float, float]]:
     """(output, largest difference, the reference's largest magnitude) for
-    each output that disagrees; a difference of inf: other shape, dtype,
-    NaNs or infinities, or unequal integers."""
+    each output that disagrees beyond ``tolerance`` and NOISE_FACTOR times
+    its noise floor (``floors``, per output); a difference of inf: other
+    shape, dtype, NaNs or infinities, or unequal integers."""
     rtol, atol = tolerance
     found = []
     for k, (got, want) in enumerate(zip(outputs, reference)):
+        floor = NOISE_FACTOR * floors[k] if floors is not None else 0.0
         if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
             continue
         if got.shape != want.shape or got.dtype != want.dtype:
@@ -81,7 +124,7 @@ def compare_values(outputs: list, reference: list, tolerance: tuple[float, float
                 continue
             scale = want64[finite].abs().max().item() if finite.any() else 0.0
             max_diff = (got64 - want64)[finite].abs().max().item() if finite.any() else 0.0
-            if max_diff > atol + rtol * scale:
+            if max_diff > max(atol + rtol * scale, floor):
                 found.append((k, max_diff, scale))
     return found
 
@@ -94,11 +137,12 @@ class Mismatch:
     op: str             # the node that produces the output, with its source line
 
 
-def compare(graph: torch._C.Graph, outputs: list, reference: list) -> list[Mismatch]:
-    """The outputs of a group's generated code that differ from TorchScript's."""
+def compare(graph: torch._C.Graph, outputs: list, reference: list, floors: list[float]) -> list[Mismatch]:
+    """The outputs of a group's generated code that differ from TorchScript's
+    (``floors``: each output's rounding noise, see noise_floors)."""
     producers = [v.node() for v in graph.outputs()]
     return [Mismatch(k, d, scale, _op(producers[k]))
-            for k, d, scale in compare_values(outputs, reference, graph_tolerance(graph))]
+            for k, d, scale in compare_values(outputs, reference, graph_tolerance(graph), floors)]
 
 
 def _op(node: torch._C.Node) -> str:
@@ -125,7 +169,7 @@ def report(name: str, describe: str, mismatches: list[Mismatch], case_path: str 
     return text
 
 
-def save_case(graph: torch._C.Graph, inputs: list, reference: list, name: str, cfg,
+def save_case(graph: torch._C.Graph, inputs: list, reference: list, floors: list[float], name: str, cfg,
               prepare_group) -> tuple[str | None, str]:
     """Finds the stage at fault (``ts_to_fx``, ``mlir``: the passes and the
     export, or ``codegen``) by running each stage's FX graph eagerly on the
@@ -138,14 +182,14 @@ def save_case(graph: torch._C.Graph, inputs: list, reference: list, name: str, c
     stage, gm = "codegen", None
     try:
         first, _, _ = ts_graph_to_fx(graph, [_detached(t) for t in inputs])
-        if compare_values(list(first(*[_detached(t) for t in inputs])), reference, tolerance):
+        if compare_values(list(first(*[_detached(t) for t in inputs])), reference, tolerance, floors):
             stage, gm = "ts_to_fx", first
         else:
             local = dataclasses.replace(cfg, dump_dir=None, cache=False)
             prepared = prepare_group(graph, [_detached(t) for t in inputs], name, local)
             if not hasattr(prepared, "fake_inputs"):
                 gm = first  # mlir-llvm generated the code: nothing exported to shrink
-            elif compare_values(list(prepared.gm(*[_detached(t) for t in inputs])), reference, tolerance):
+            elif compare_values(list(prepared.gm(*[_detached(t) for t in inputs])), reference, tolerance, floors):
                 stage, gm = "mlir", first
             else:
                 gm = prepared.gm
