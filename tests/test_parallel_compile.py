@@ -48,8 +48,10 @@ def worker_first(monkeypatch):
     """This process's compiles wait until the worker started: with Inductor's
     cache warm, they would otherwise all be done before (it takes ~8 s)."""
     import threading
+    from lazy_mlir import isolated_compile
     started = threading.Event()
     real_ready, real_generate = parallel_compile.WorkerProcess.wait_ready, executables.generate_code
+    real_isolated = isolated_compile.generate
 
     def ready(self, timeout=parallel_compile.START_TIMEOUT):
         ok = real_ready(self, timeout)
@@ -60,8 +62,13 @@ def worker_first(monkeypatch):
         assert started.wait(timeout=120)
         return real_generate(prepared, cfg)
 
+    def generate_isolated(*args, **kwargs):  # the C++ wrapper's route (the default) waits too
+        assert started.wait(timeout=120)
+        return real_isolated(*args, **kwargs)
+
     monkeypatch.setattr(parallel_compile.WorkerProcess, "wait_ready", ready)
     monkeypatch.setattr(executables, "generate_code", generate)
+    monkeypatch.setattr(isolated_compile, "generate", generate_isolated)
 
 
 def test_groups_compile_beside_each_other_and_match_eager(parallel, worker_first, tmp_path):
