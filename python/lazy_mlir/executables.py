@@ -492,12 +492,12 @@ class GroupExecutable:
             outputs = code_run(inputs)
             mismatches = numerics_check.compare(self.graph, outputs, reference, floors)
             if not mismatches:
-                numerics_check.record(self.name, None)
+                metrics.count_check(self.name, None)
                 return outputs
             case, stage = numerics_check.save_case(self.graph, originals, reference, floors, self.name, self.cfg,
                                                        prepare_group)
             text = numerics_check.report(self.name, self.describe, mismatches, case, stage)
-            numerics_check.record(self.name, mismatches, text)
+            metrics.count_check(self.name, text)
             if self.cfg.level == "O2":
                 raise GroupLoweringError(text)
             reason = "numerics check: generated code disagrees with TorchScript" + (f" (case: {case})" if case else "")

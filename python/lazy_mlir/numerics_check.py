@@ -1,6 +1,7 @@
 """The numerics checker (``init(check=True)``, ``LAZY_MLIR_CHECK=1``).
 
-The first run of each group's newly compiled (or loaded) code also runs the
+The first run of each group's newly compiled (or loaded) code (executables,
+which counts the verdicts in ``metrics``) also runs the
 group's TorchScript subgraph, the O0 reference, on copies of the same
 inputs, and compares the outputs. A mismatch is reported (a warning and
 ``metrics``) with the group, the ops whose outputs differ and their source
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from . import metrics, portable_graph
+from . import portable_graph
 
 # (rtol, atol), applied to the largest magnitude of each output: generated
 # code sums in other orders than aten (reductions, fused multiply-adds)
@@ -209,7 +210,3 @@ def save_case(graph: torch._C.Graph, inputs: list, reference: list, floors: list
 
 def _detached(t):
     return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t
-
-
-def record(name: str, mismatches: list[Mismatch] | None, text: str | None = None) -> None:
-    metrics.count_check(name, text if mismatches else None)
