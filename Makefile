@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMPS := .stamps
-CXX_SOURCES := $(wildcard lazy_backend/*.cpp lazy_backend/*.h runtime/*.cpp runtime/*.h)
+CXX_SOURCES := $(wildcard lazy_backend/*/*.cpp lazy_backend/*/*.h runtime/*.cpp runtime/*.h)
 # torch 2.13.0's CUDA build (with its Triton) on a machine with an NVIDIA GPU,
 # else whichever build pip's index serves (a CPU one here). Override with
 # `make test TORCH_BUILD=cpu`. The CUDA build is the one without a local

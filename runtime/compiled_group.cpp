@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "../lazy_backend/buffer_donation.h"
+#include "lazy_backend/memory/buffer_donation.h"
 #include "run_stats.h"
 #include "step_memory.h"
 
