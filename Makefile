@@ -61,7 +61,7 @@ $(STAMPS)/asan: $(DEPS) pyproject.toml CMakeLists.txt $(CXX_SOURCES)
 	cmake -S . -B build/asan -DPython_EXECUTABLE=$(abspath $(BIN)/python) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DCMAKE_CXX_FLAGS="-fsanitize=address -fno-omit-frame-pointer" -DCMAKE_MODULE_LINKER_FLAGS=-fsanitize=address
 	cmake --build build/asan -j2
-	so=$$(cd build/asan && echo _C*.so) && dest="$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/lazy_mlir" \
+	so=$$(cd build/asan && echo _C*.so) && dest="$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/lazy_mlir/native" \
 		&& cp build/asan/$$so "$$dest/.$$so.asan" && mv -f "$$dest/.$$so.asan" "$$dest/$$so"
 	rm -f $(STAMPS)/install
 	@touch $@

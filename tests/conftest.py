@@ -32,7 +32,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 import lazy_mlir  # noqa: E402
-from lazy_mlir import compile_cache, metrics, shape_generic  # noqa: E402
+from lazy_mlir.cache import compile_cache
+from lazy_mlir.compile import shape_generic  # noqa: E402
+from lazy_mlir.observe import metrics
 
 # The files that take longest (3-rank ZeRO runs: ~10 min of a worker cold;
 # the model zoo's compiles: ~8) are collected first: make test's xdist
@@ -94,7 +96,8 @@ def gloo_world(tmp_path):
 @pytest.fixture
 def lowerings(monkeypatch):
     """Names of the groups really lowered (cache misses that compile)."""
-    from lazy_mlir import executables, group_lowering
+    from lazy_mlir.compile import routes
+    from lazy_mlir.lowering import group_lowering
 
     calls = []
 
@@ -102,5 +105,5 @@ def lowerings(monkeypatch):
         calls.append(name)
         return group_lowering.lower_group(graph, inputs, name, cfg)
 
-    monkeypatch.setattr(executables, "lower_group", counting)
+    monkeypatch.setattr(routes, "lower_group", counting)
     return calls

@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt  # noqa: F401 - make_adamw re-exported
+from lazy_mlir.observe import metrics
 
 LAZY = torch.device("lazy")
 CPU = torch.device("cpu")
@@ -157,7 +157,7 @@ def stochastic_units(h):
     """``h`` times a draw of ``bernoulli(sigmoid(h))``: a draw that reads
     computed values stays in the TorchScript glue (eager's stream) between
     the groups before and after it. (A dropout's mask reads none and cuts
-    no group: lazy_backend/dropout_masks.h.)"""
+    no group: lazy_backend/ltc_fixes/dropout_masks.h.)"""
     return h * torch.bernoulli(torch.sigmoid(h.detach()))
 
 
@@ -180,7 +180,7 @@ def trained_like_eager(tmp_path, make_model, make_opt, batches, rtol, atol, **co
     code ran; returns that code as dumped."""
     lazy_mlir.init("O1", dump_dir=str(tmp_path), cache=False, **config)
     try:
-        lazy_mlir._C.clear_computation_cache()
+        lazy_mlir.native._C.clear_computation_cache()
         metrics.reset()
         eager = train(make_model, make_opt, batches, CPU)
         lazy = train(make_model, make_opt, batches, LAZY)

@@ -1,7 +1,7 @@
 """Activation checkpointing (torch.utils.checkpoint, transformers'
 gradient_checkpointing_enable) on the lazy device: it needs torch.lazy
 (lazy_mlir/device_module.py), and its recompute in the backward must draw
-the forward's masks again (lazy_backend/draw_stream.h): a lazy draw takes
+the forward's masks again (lazy_backend/ltc_fixes/draw_stream.h): a lazy draw takes
 its numbers when the graph runs, so a recompute traced again would draw
 new ones, a gradient unlike eager's."""
 import os
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import CPU, LAZY, assert_compiled, assert_same_training, train
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))

@@ -1,6 +1,6 @@
 """``torch.autocast("lazy")``: mixed precision on the lazy device, cast by
 torch's own policy for the device behind it (python/lazy_mlir/autocast.py,
-lazy_backend/lazy_autocast.h). Checked against eager CPU autocast: the
+lazy_backend/kernels/lazy_autocast.h). Checked against eager CPU autocast: the
 same dtype out of every module, losses within bfloat16's rounding, and one
 compiled graph a step."""
 import copy
@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lazy_mlir import autocast, metrics
+from lazy_mlir.observe import metrics
+from lazy_mlir.trace import autocast
 from helpers import CPU, LAZY, assert_compiled, end_step, scaled_fp16_training, zoo_autocast_training
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
@@ -170,7 +171,7 @@ def test_transformers_own_autocast_regions_run(lazy_level, mixed, checkpointing)
 _CUDA_POLICY_SCRIPT = textwrap.dedent("""
     import torch, torch._lazy, torch._lazy.ts_backend
     import torch.nn.functional as F
-    from lazy_mlir import autocast
+    from lazy_mlir.trace import autocast
     torch._lazy.ts_backend.init()
     autocast.install("cuda")  # the GPU's table, on the CPU-backed TorchScript device
     lazy = torch.device("lazy")

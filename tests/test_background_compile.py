@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import background, metrics, shape_generic
+from lazy_mlir.compile import background, shape_generic
+from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled, train_token_batches
 from test_shape_generic import _twins
 
@@ -152,7 +153,8 @@ def test_a_process_ending_while_a_compile_runs_waits_for_it(tmp_path):
         import sys, time
         import torch
         import lazy_mlir
-        from lazy_mlir import metrics, shape_generic
+        from lazy_mlir import metrics
+        from lazy_mlir.compile import shape_generic
         lazy_mlir.init("O1", cache_dir=%r, progress=True, background_compile=True,
                        isolated_compile=True, cpp_wrapper=True, compile_workers=1)
         real = shape_generic.compile_generic

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 
 CPU = torch.device("cpu")
 LAZY = torch.device("lazy")
@@ -31,7 +31,7 @@ def step_done(device):
 def swapped_operands(device, size, steps=4):
     """Fresh `.to(device)` tensors alive at the sync: in stock LTC roots that
     fix the parameters' order whatever order the step reads them in; here
-    they take their data before the sync (lazy_backend/pending_data.h)."""
+    they take their data before the sync (lazy_backend/ltc_fixes/pending_data.h)."""
     torch.manual_seed(0)
     x, y = torch.randn(size), torch.randn(size)
     out = []

@@ -13,7 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import _C, metrics
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
 from helpers import (LAZY, assert_compiled, assert_same_training, image_batches, make_convnet, make_mlp, mlp_batches,
                      sgd, sgd_momentum, small_gpt, small_gpt_batches, make_adamw, train)
 
@@ -237,7 +238,7 @@ def test_records_are_bounded(lazy_level):
     """A key that keeps changing (a new batch size at every call): RECORD_LIMIT
     records, then a warning naming what changed, and op-by-op calls that
     still equal eager."""
-    from lazy_mlir.capture import RECORD_LIMIT
+    from lazy_mlir.trace.capture import RECORD_LIMIT
 
     model = lazy_mlir.capture(make_mlp().double()).to(LAZY)
     reference = make_mlp().double()

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import _C, compilable
+from lazy_mlir.cluster import compilable
+from lazy_mlir.native import _C
 
 # LTC-style graph: 0-d scalar inputs through ScalarImplicit, constants, and a
 # non-compilable op (tanh, denied below) in the middle of the data flow.

@@ -12,8 +12,12 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import compilable, compile_cache, config, group_compiler, group_key, metrics
-from lazy_mlir.disk_cache import LIBRARY_SUFFIX, LOCK_SUFFIX, SUFFIX, CorruptEntry, DiskCache, decode, encode
+from lazy_mlir import config
+from lazy_mlir.cache import compile_cache, group_key
+from lazy_mlir.cache.disk_cache import CorruptEntry, DiskCache, LIBRARY_SUFFIX, LOCK_SUFFIX, SUFFIX, decode, encode
+from lazy_mlir.cluster import compilable
+from lazy_mlir.observe import metrics
+from lazy_mlir.run import group_compiler
 from helpers import LAZY
 
 
@@ -321,17 +325,17 @@ def _step_checked_against_eager(x: torch.Tensor):
 
 @pytest.mark.python_wrapper
 def test_a_group_that_failed_is_not_tried_again_in_the_next_process(lazy_level, monkeypatch):
-    from lazy_mlir import executables
+    from lazy_mlir.compile import routes
 
     def broken(graph, inputs, name, cfg):
         raise RuntimeError("injected lowering failure")
 
     run = _step_checked_against_eager(torch.randn(3, 29))
-    monkeypatch.setattr(executables, "lower_group", broken)
+    monkeypatch.setattr(routes, "lower_group", broken)
     with pytest.warns(RuntimeWarning, match=r"failed to compile \(RuntimeError: injected lowering failure\)"):
         run()
     attempts = []
-    monkeypatch.setattr(executables, "lower_group", lambda *args: attempts.append(args))
+    monkeypatch.setattr(routes, "lower_group", lambda *args: attempts.append(args))
     _hand_groups_over_again()  # as a new process would: nothing in memory, the folder on disk
     metrics.reset()
     with pytest.warns(RuntimeWarning, match=r"it failed before, in this environment \(RuntimeError: injected"):
@@ -346,17 +350,17 @@ def test_a_warning_raised_as_an_error_is_not_remembered_on_disk(lazy_level, monk
     in a compile thread; the step's own compile defers such warnings, see
     test_syncs) says nothing about the group: it is not remembered on disk,
     and the next process compiles the group again."""
-    from lazy_mlir import executables
+    from lazy_mlir.compile import routes
 
     def warns(graph, inputs, name, cfg):
         raise DeprecationWarning("injected deprecation")  # what warnings.warn raises under an error filter
 
     run = _step_checked_against_eager(torch.randn(3, 31))
-    monkeypatch.setattr(executables, "lower_group", warns)
+    monkeypatch.setattr(routes, "lower_group", warns)
     with pytest.warns(RuntimeWarning, match=r"failed to compile \(DeprecationWarning: injected deprecation"):
         run()  # in TorchScript
     attempts = []
-    monkeypatch.setattr(executables, "lower_group", lambda *args: attempts.append(args))
+    monkeypatch.setattr(routes, "lower_group", lambda *args: attempts.append(args))
     _hand_groups_over_again()  # as a new process would: nothing in memory, the folder on disk
     run()
     assert len(attempts) == 1  # lowered again
@@ -365,7 +369,7 @@ def test_a_warning_raised_as_an_error_is_not_remembered_on_disk(lazy_level, monk
 def test_layout_guesses_keep_the_latest(monkeypatch):
     """Deferred compiles' layout guesses (executables._layout_guesses) are
     bounded: the oldest go first, and one stored again counts as new."""
-    from lazy_mlir import executables
+    from lazy_mlir.run import executables
     monkeypatch.setattr(executables, "_layout_guesses", {})
     monkeypatch.setattr(executables, "_MAX_LAYOUT_GUESSES", 3)
     for i in range(5):

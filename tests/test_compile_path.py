@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, train
 
 CPU = torch.device("cpu")

@@ -1,6 +1,6 @@
 """Inductor's C++ wrapper around a group's kernels (Config.cpp_wrapper, on by
 default; the rest of the suite runs the Python wrapper, see conftest), and
-CompiledGroup calling that code from C++ (lazy_mlir.native_call).
+CompiledGroup calling that code from C++ (lazy_mlir.codegen.native_call).
 
 Each test trains against eager and checks, besides the numbers, that the
 groups ran generated code (not TorchScript), that this code is the C++
@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics, native_call
+from lazy_mlir.codegen import native_call
+from lazy_mlir.observe import metrics
 from helpers import (LAZY, assert_compiled, assert_same_training, image_batches, make_adamw, make_convnet,
                      sgd_momentum, small_gpt, small_gpt_batches, stochastic_units, train, train_token_batches)
 
@@ -232,7 +233,7 @@ def test_a_library_without_the_entry_is_refused():
     """What native_entry.h loads must be the loaded C++ wrapper's library with
     its entry; anything else is an error the executable turns into a
     warning (the code then runs through Python)."""
-    from lazy_mlir import _C
+    from lazy_mlir.native import _C
     slot = _C.NativeEntrySlot()
     with pytest.raises(RuntimeError, match="cannot load"):
         slot.set("/nonexistent/entry.so", [0], 1, [0], [], [torch.ones(2)], [], [])
@@ -243,13 +244,14 @@ def test_a_library_without_the_entry_is_refused():
 
 TRAINING_CHILD = """
 import copy, json, os, sys, torch, lazy_mlir
-from lazy_mlir import metrics, parallel_compile
+from lazy_mlir import metrics
+from lazy_mlir.compile import parallel
 sys.path.insert(0, {tests!r})
 from helpers import StochasticMLP
 stochastic = sys.argv[1] == "stochastic"
 # three groups, compiled side by side with a worker whatever their size
 lazy_mlir.init("O1", cpp_wrapper=True, progress=False, **(dict(compile_workers=1) if stochastic else {{}}))
-parallel_compile.MIN_OPS_FOR_WORKERS = 0
+parallel.MIN_OPS_FOR_WORKERS = 0
 
 
 class GatheringMLP(StochasticMLP):
@@ -288,7 +290,7 @@ for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
         if device == "lazy":
             torch._lazy.mark_step()
         losses[name].append(loss.item())
-compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx", "mlir_passes.pipeline")
+compiler = [m for m in ("torch_mlir", "lazy_mlir.lowering.group_lowering", "torch._inductor.compile_fx", "mlir_passes.pipeline")
             if m in sys.modules]
 print(json.dumps({{"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}}, default=str))
 """.format(tests=os.path.dirname(os.path.abspath(__file__)))
@@ -335,7 +337,7 @@ def test_code_probed_here_is_stored_for_the_next_process(tmp_path):
     """Compiled in the training process (isolated_compile off), a group's
     first run probes its code, and the plan goes to the cache with it."""
     cold = _cached_child(tmp_path, LAZY_MLIR_ISOLATED_COMPILE="0")
-    assert cold["metrics"]["group_cache_misses"] >= 1 and "lazy_mlir.group_lowering" in cold["compiler"]
+    assert cold["metrics"]["group_cache_misses"] >= 1 and "lazy_mlir.lowering.group_lowering" in cold["compiler"]
     warm = _cached_child(tmp_path)
     s = warm["metrics"]
     assert s["group_cache_misses"] == 0 and s["group_cache_native_loads"] == s["group_cache_disk_hits"] >= 1, s
@@ -349,7 +351,7 @@ def test_code_from_the_cache_without_native_calls_loads_inductors_artefact(tmp_p
     out = _cached_child(tmp_path, LAZY_MLIR_NATIVE_CALLS="0")
     s = out["metrics"]
     assert s["group_cache_misses"] == 0 and s["native_group_calls"] == 0, s
-    assert "lazy_mlir.group_lowering" in out["compiler"]
+    assert "lazy_mlir.lowering.group_lowering" in out["compiler"]
 
 
 class _TokenMLP(torch.nn.Module):
@@ -367,7 +369,8 @@ def test_generic_code_is_native_code_in_the_next_process(tmp_path):
     process runs it from C++ from its first run at them, without loading
     Inductor's artefact through Python (T5's and BART's attention groups,
     generic over their encoder and decoder lengths)."""
-    from lazy_mlir import compile_cache, shape_generic
+    from lazy_mlir.cache import compile_cache
+    from lazy_mlir.compile import shape_generic
     torch.manual_seed(0)
     eager = _TokenMLP().double()
     shapes = [(2, 8), (2, 8), (2, 12), (2, 12)]
@@ -375,14 +378,14 @@ def test_generic_code_is_native_code_in_the_next_process(tmp_path):
     lazy_mlir.init("O1", cpp_wrapper=True, cache_dir=str(tmp_path))
     try:
         shape_generic.clear()
-        lazy_mlir._C.clear_computation_cache()
+        lazy_mlir.native._C.clear_computation_cache()
         *got, steps = train_token_batches(copy.deepcopy(eager).to(LAZY), shapes, LAZY)
         assert [s["generic_compiles"] for s in steps] == [0, 0, 1, 0], steps
         assert_same_training(want[:2], got, rtol=1e-12, atol=1e-12)
         # the next process: nothing in memory, the folder on disk
         shape_generic.clear()
         compile_cache.clear_memory()
-        lazy_mlir._C.clear_computation_cache()
+        lazy_mlir.native._C.clear_computation_cache()
         *got, steps = train_token_batches(copy.deepcopy(eager).to(LAZY), shapes, LAZY)
         assert_same_training(want[:2], got, rtol=1e-12, atol=1e-12)
         for s in steps:
@@ -399,13 +402,14 @@ def test_generic_code_is_native_code_in_the_next_process(tmp_path):
 def test_a_graph_travels_to_the_worker_with_its_constants_exact():
     """The IR text rounds floats and prints bool lists as ints and tensor
     constants as nothing: isolated_compile sends those values beside it."""
-    from lazy_mlir import group_key, isolated_compile
+    from lazy_mlir.cache import group_key
+    from lazy_mlir.compile import isolated
     # an empty int list (T5's graph has one; it parses back as None)
     graph = torch._C.parse_ir("graph(%x : Tensor):\n  %e : int[] = prim::ListConstruct()\n  return (%x, %e)\n")
     torch._C._jit_pass_constant_propagation(graph)
     for value in ([True, False], torch.tensor([0.1, -2.5e-7]), 0.1, [3, 1]):
         graph.registerOutput(graph.insertConstant(value))
-    rebuilt = isolated_compile.graph_from_message(isolated_compile.graph_message(graph))
+    rebuilt = isolated.graph_from_message(isolated.graph_message(graph))
     assert group_key.structure(rebuilt) == group_key.structure(graph)
     values = [n.output().toIValue() for n in rebuilt.nodes() if n.kind() == "prim::Constant"]
     assert repr(values[1]) == "[True, False]" and values[2].equal(torch.tensor([0.1, -2.5e-7]))
@@ -415,9 +419,9 @@ def test_a_graph_travels_to_the_worker_with_its_constants_exact():
 def test_a_group_the_worker_fails_compiles_here(monkeypatch):
     """Whatever the worker cannot do (here: IR it cannot parse) the training
     process compiles itself: the group still runs generated code."""
-    from lazy_mlir import isolated_compile
-    real = isolated_compile.graph_message
-    monkeypatch.setattr(isolated_compile, "graph_message", lambda graph: {**real(graph), "ir": "not IR"})
+    from lazy_mlir.compile import isolated
+    real = isolated.graph_message
+    monkeypatch.setattr(isolated, "graph_message", lambda graph: {**real(graph), "ir": "not IR"})
     lazy_mlir.init("O1", cpp_wrapper=True, cache=False)
     metrics.reset()
     try:
@@ -451,7 +455,7 @@ def test_a_graph_of_several_groups_compiles_them_in_workers(tmp_path):
 def test_a_dead_compile_worker_is_replaced():
     """A worker that died (killed, out of memory) costs the group in hand a
     compile here, and the next compile gets a new worker."""
-    from lazy_mlir import isolated_compile
+    from lazy_mlir.compile import isolated
     lazy_mlir.init("O1", cpp_wrapper=True, cache=False)
     metrics.reset()
     try:
@@ -459,8 +463,8 @@ def test_a_dead_compile_worker_is_replaced():
         results = []
         for k, fn in enumerate((torch.cos, torch.sinh, torch.atan)):  # a group of its own each
             if k == 1:
-                isolated_compile._worker.process.kill()
-                isolated_compile._worker.process.wait()
+                isolated._worker.process.kill()
+                isolated._worker.process.wait()
             y = (fn(x.to(LAZY)) * (k + 2)).sum(0)
             torch._lazy.mark_step()
             results.append((y.cpu(), (fn(x) * (k + 2)).sum(0)))
@@ -468,7 +472,7 @@ def test_a_dead_compile_worker_is_replaced():
             torch.testing.assert_close(got, want)
         s = metrics.snapshot()
         assert s["isolated_compile_failures"] == 1 and s["stage_runs"].get("isolated_compile") == 2, metrics.report()
-        assert s["groups_fallen_back"] == {} and isolated_compile._worker.alive
+        assert s["groups_fallen_back"] == {} and isolated._worker.alive
     finally:
         lazy_mlir.init("O1")
 
@@ -496,7 +500,7 @@ for name, model, device in (("eager", eager, "cpu"), ("lazy", lazy, "lazy")):
         if device == "lazy":
             torch._lazy.mark_step()
         losses[name].append(loss.item())
-compiler = [m for m in ("torch_mlir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx",
+compiler = [m for m in ("torch_mlir", "lazy_mlir.lowering.group_lowering", "torch._inductor.compile_fx",
                          "torch._inductor.codecache") if m in sys.modules]
 print(json.dumps({{"losses": losses, "metrics": metrics.snapshot(), "compiler": compiler}}, default=str))
 """.format(zoo=os.path.join(os.path.dirname(os.path.abspath(__file__)), "models"))

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import executables, metrics
+from lazy_mlir.observe import metrics
+from lazy_mlir.compile import routes
 from helpers import (LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, scaled_fp16_training,
                      sgd, small_gpt, small_gpt_batches, train, zoo_autocast_training)
 
@@ -36,8 +37,8 @@ def on_cuda(request, monkeypatch):
         devices.update(t.device.type for t in inputs)
         return lower_group(graph, inputs, name, cfg)
 
-    lower_group = executables.lower_group
-    monkeypatch.setattr(executables, "lower_group", lower)
+    lower_group = routes.lower_group
+    monkeypatch.setattr(routes, "lower_group", lower)
     yield devices
     lazy_mlir.init("O1", device="cuda")
 
@@ -116,7 +117,7 @@ class _DropoutMLP(torch.nn.Module):
 def test_dropout_draws_eager_cudas_masks(on_cuda):
     """With eager's stream each mask is drawn in the glue by aten's CUDA
     kernel on the GPU's generator (lazy_mlir::dropout_mask,
-    lazy_backend/dropout_masks.h; the product in the step's one group):
+    lazy_backend/ltc_fixes/dropout_masks.h; the product in the step's one group):
     eager CUDA's masks, draw for draw."""
     batches = [(x.double(), y) for x, y in mlp_batches()]
     eager = train(fp64(_DropoutMLP), sgd, batches, CUDA)  # the model's init seeds every generator

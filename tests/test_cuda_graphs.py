@@ -1,4 +1,4 @@
-"""When a group's code becomes a CUDA graph (lazy_mlir.cuda_graphs), on the
+"""When a group's code becomes a CUDA graph (lazy_mlir.run.cuda_graphs), on the
 CPU: the capture itself needs a GPU (tests/test_cuda.py checks it there,
 with eager's numbers); here a stand-in for the captured code checks that
 each group is captured at its code's second run and replayed from then on,
@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import config, cuda_graphs, group_lowering, metrics
+from lazy_mlir import config
+from lazy_mlir.lowering import group_lowering
+from lazy_mlir.observe import metrics
+from lazy_mlir.run import cuda_graphs
 from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, sgd, train
 
 CPU = torch.device("cpu")
@@ -33,7 +36,7 @@ def captured(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "eligible", lambda cfg, lowered, graph: True)
     monkeypatch.setattr(cuda_graphs, "capture", _StandIn)
     lazy_mlir.init("O1")
-    lazy_mlir._C.clear_computation_cache()  # an earlier test's graph would keep its executables
+    lazy_mlir.native._C.clear_computation_cache()  # an earlier test's graph would keep its executables
     metrics.reset()
     yield _StandIn.made
     lazy_mlir.init("O1")

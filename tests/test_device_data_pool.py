@@ -1,4 +1,4 @@
-"""The device-data node pool (lazy_backend/device_data_pool.h, on by
+"""The device-data node pool (lazy_backend/memory/device_data_pool.h, on by
 default): a step gets back last step's device-data nodes, with its own data
 put in, instead of building new ones; the values read are always the
 tensors' own, and no buffer of a past step stays alive. Shapes are this
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import _C, metrics
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
 
 from helpers import assert_compiled, assert_same_training, operands_swapped, train
 

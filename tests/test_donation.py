@@ -1,6 +1,6 @@
 """Buffer donation: parameters and optimizer state that a step overwrites are
-written by the generated code into their own storage (lazy_mlir.donation,
-lazy_backend/buffer_donation.h), training matches eager, and a buffer that
+written by the generated code into their own storage (lazy_mlir.codegen.donation,
+lazy_backend/memory/buffer_donation.h), training matches eager, and a buffer that
 anything else can still read is never overwritten."""
 import pytest
 import torch
@@ -8,7 +8,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import _C, compile_cache, metrics, shape_generic
+from lazy_mlir.cache import compile_cache
+from lazy_mlir.compile import shape_generic
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
 
 from helpers import LAZY, SMALL_GPT, assert_compiled, gpt_batches, make_gpt
 
@@ -194,7 +197,8 @@ def test_groups_are_offered_no_buffer_where_cuda_graphs_replay_them():
     with CUDA graphs off, or on the CPU, it takes those offered."""
     import dataclasses
     import types
-    from lazy_mlir import config, executables
+    from lazy_mlir import config
+    from lazy_mlir.run import executables
     offered = [3, 1]
     for device, graphs, accepted in (("cuda", True, []), ("cuda", False, [1, 3]), ("cpu", True, [1, 3])):
         group = types.SimpleNamespace(cfg=dataclasses.replace(config.Config(), device=device, cuda_graphs=graphs,
@@ -208,7 +212,7 @@ def test_only_floating_point_state_is_writable():
     leave a group's donated set before its cache key is made: a group that
     reads its batch elsewhere in its first step only (test_cpp_wrapper's
     three-group model) then keeps one key and compiles once."""
-    from lazy_mlir import donation
+    from lazy_mlir.codegen import donation
     w = torch.randn(4, 3)
     assert donation.writable(w) and donation.writable(w.double())
     assert not donation.writable(torch.randint(0, 5, (4, 3)))  # ids

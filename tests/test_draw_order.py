@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled
 
 CPU = torch.device("cpu")
@@ -50,7 +50,7 @@ def test_draws_match_eager(level, options):
     if level == "O1":
         # the masks are drawn in order in the glue, and the compute around
         # them (which reads them) is one group of generated code after them
-        # (lazy_backend/dropout_masks.h)
+        # (lazy_backend/ltc_fixes/dropout_masks.h)
         assert s["groups_built"] == 1, metrics.report()
         assert_compiled(s, calls=1)
 
@@ -133,7 +133,7 @@ def test_fast_rng_keeps_no_unused_draw():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_glue_mask_draw_is_native_dropouts(dtype):
-    """lazy_mlir::dropout_mask (lazy_backend/dropout_masks.h) draws
+    """lazy_mlir::dropout_mask (lazy_backend/ltc_fixes/dropout_masks.h) draws
     native_dropout's mask for a tensor of that size, and `x * mask * scale`
     is native_dropout's output to the bit."""
     x = torch.randn(7, 129, dtype=torch.float64).to(dtype)

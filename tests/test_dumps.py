@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import config, dump
+from lazy_mlir import config
+from lazy_mlir.observe import dump
 from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, sgd, train
 
 CPU = torch.device("cpu")

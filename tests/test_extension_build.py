@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from lazy_mlir import _C
+from lazy_mlir.native import _C
 
 LIBSTDCXX_OWN = ("_ZNSt6locale", "_ZNKSt7codecvt", "_ZNSt7codecvt")  # std::locale, std::codecvt members
 

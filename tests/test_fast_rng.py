@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))

@@ -1,4 +1,4 @@
-"""Adam/AdamW/SGD steps traced as one node per parameter group (lazy_mlir.fused_optimizer).
+"""Adam/AdamW/SGD steps traced as one node per parameter group (lazy_mlir.trace.fused_optimizer).
 
 Each test trains the user's own (single-tensor) optimizer eagerly on the CPU
 and on the lazy device, and checks that the lazy step really took the fused
@@ -14,7 +14,9 @@ import torch
 import torch.nn as nn
 
 import lazy_mlir
-from lazy_mlir import _C, config, metrics
+from lazy_mlir import config
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled
 
 # Shapes no other test uses (LTC and the group cache key graphs by shape).
@@ -311,8 +313,8 @@ def test_adams_lists_are_collected_as_torch_collects_them():
     """_C.collect_adam_group against Adam._init_group itself (CPU tensors:
     it reads no device), and None with the lists untouched where torch's
     own must run: a state not made yet, a sparse gradient."""
-    from lazy_mlir import _C
-    from lazy_mlir.fused_optimizer import _original_adam_init_group
+    from lazy_mlir.native import _C
+    from lazy_mlir.trace.fused_optimizer import _original_adam_init_group
 
     params = [torch.nn.Parameter(torch.randn(3)) for _ in range(3)]
     opt = torch.optim.AdamW(params, amsgrad=True)

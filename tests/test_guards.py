@@ -3,7 +3,10 @@ group that fails does not fail the steps after it."""
 import pytest
 import torch
 
-from lazy_mlir import executables, group_lowering, metrics
+from lazy_mlir.compile import routes
+from lazy_mlir.lowering import group_lowering
+from lazy_mlir.observe import metrics
+from lazy_mlir.run import executables
 from helpers import LAZY
 
 
@@ -80,7 +83,7 @@ def _lower_with_failing_run(monkeypatch, failing_calls):
         lowered.run = _FailingRun(lowered.run, failing_calls)
         return lowered
 
-    monkeypatch.setattr(executables, "lower_group", lower)
+    monkeypatch.setattr(routes, "lower_group", lower)
 
 
 @pytest.mark.python_wrapper

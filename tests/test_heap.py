@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from lazy_mlir import heap
+from lazy_mlir.compile import heap
 
 
 def _resident_mb() -> float:

@@ -93,7 +93,7 @@ def test_importing_lazy_mlir_leaves_the_compiler_to_the_first_compile():
     Inductor's compiler come with the first group compiled (a process whose
     groups all come from the cache never loads them: test_cpp_wrapper), and
     lazy_mlir.zero (torch.distributed's collectives, MLIR) on first use."""
-    heavy = ["torch_mlir.ir", "sympy", "torch._dynamo", "torch._inductor.compile_fx", "lazy_mlir.group_lowering",
+    heavy = ["torch_mlir.ir", "sympy", "torch._dynamo", "torch._inductor.compile_fx", "lazy_mlir.lowering.group_lowering",
              "mlir_passes.pipeline", "lazy_mlir.zero"]
     out = run_fresh(f"""
         import json, sys, torch, lazy_mlir
@@ -112,5 +112,5 @@ def test_importing_lazy_mlir_leaves_the_compiler_to_the_first_compile():
     before, after_init, after_compile, after_zero = json.loads(out)
     assert before == [], f"import lazy_mlir loaded {before}"
     assert after_init == [], f"init() loaded {after_init}"
-    assert {"torch_mlir.ir", "lazy_mlir.group_lowering", "torch._inductor.compile_fx"} <= set(after_compile)
+    assert {"torch_mlir.ir", "lazy_mlir.lowering.group_lowering", "torch._inductor.compile_fx"} <= set(after_compile)
     assert "lazy_mlir.zero" in after_zero

@@ -1,4 +1,4 @@
-"""IR reuse (``Config.reuse_ir``, lazy_backend/ir_reuse.h): a step that
+"""IR reuse (``Config.reuse_ir``, lazy_backend/ltc_fixes/ir_reuse.h): a step that
 traces last step's op sequence gets last step's IR nodes back instead of
 building them, and computes exactly what eager PyTorch computes, including
 the cases where stock LTC's reuse goes wrong. Shapes are this file's own:
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import _C, metrics
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
 
 from helpers import operands_swapped
 

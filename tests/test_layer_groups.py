@@ -1,4 +1,4 @@
-"""A fusion group per repeated layer (lazy_mlir.layer_groups, lazy_backend/layer_regions.h).
+"""A fusion group per repeated layer (lazy_mlir.cluster.layer_groups, lazy_backend/core/layer_regions.h).
 
 A model that skips layers at random (LayerDrop) traces another step graph
 at each skip pattern. With a group per layer, each new pattern's groups are
@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 
 import lazy_mlir
-from lazy_mlir import layer_groups, metrics
+from lazy_mlir.cluster import layer_groups
+from lazy_mlir.observe import metrics
 from helpers import CPU, LAZY, assert_compiled, assert_same_training, hf_step, train
 
 

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 import lazy_mlir
 
-from lazy_mlir import lazy_kernels, metrics
+from lazy_mlir.observe import metrics
+from lazy_mlir.trace import lazy_kernels
 from helpers import CPU, LAZY, assert_compiled
 
 
@@ -147,7 +148,7 @@ def test_inplace_ops_keep_their_shape_and_dtype_checks(lazy_level):
 
 
 def test_backend_and_kernels_are_installed(lazy_level):
-    assert lazy_mlir._C.is_active()  # our backend, not the stock TS one, serves device "lazy"
+    assert lazy_mlir.native._C.is_active()  # our backend, not the stock TS one, serves device "lazy"
     assert "aten::sin" in lazy_kernels.builtin_ops()
     # In-place pointwise ops run functionalization's meta check in C++, not in Python refs
     # (GPT-mini's trace: 41 -> 13 ms).
@@ -622,7 +623,7 @@ def test_a_composite_kernel_that_traced_once_is_called_from_cpp(lazy_level, monk
     """kernel_fronts.h: the Python composite kernel runs until the op's
     composite kernel has traced on the lazy device once; then the C++ front
     calls that kernel itself. A user's error there still surfaces as eager's."""
-    from lazy_mlir import _C
+    from lazy_mlir.native import _C
 
     for name in ("aten::mul.Scalar", "aten::empty_like"):
         _C.set_composite_direct(name, False)  # as before any call

@@ -1,5 +1,5 @@
 """metrics.snapshot() and report() describe the steps since reset()."""
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import LAZY, make_mlp, mlp_batches, sgd, train
 
 

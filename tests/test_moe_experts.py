@@ -1,5 +1,5 @@
 """Switch Transformers' and NLLB-MoE's Python loops over their experts run
-in static shapes on the lazy device (lazy_mlir.moe_experts): the same
+in static shapes on the lazy device (lazy_mlir.trace.moe_experts): the same
 losses, parameters and optimizer state as eager, two graph executions a
 step (forward and backward, then the optimizer, around the read of which
 experts got tokens), no eager op. The tiny Switch's capacity (6 of 8
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics, moe_experts
+from lazy_mlir.observe import metrics
+from lazy_mlir.trace import moe_experts
 
 STEPS = 4
 LAZY = torch.device("lazy")
@@ -130,7 +131,7 @@ def test_trains_as_eager(lazy_level, name):
 @pytest.mark.parametrize("name", MODELS)
 def test_two_graphs_a_step_no_eager_op(lazy_level, name):
     _, (_, _, _, per_step) = _runs_of(name)
-    read = "lazy_mlir.moe_experts reads which experts got tokens"
+    read = "lazy_mlir.trace.moe_experts reads which experts got tokens"
     for i, s in enumerate(per_step):
         assert s["mark_steps"] == 1 and s["graph_executions"] == 2, (i, s)
         assert s["fallback_count"] == 0, (i, s["fallbacks"])

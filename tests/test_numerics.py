@@ -10,7 +10,7 @@ same element); parameters of AdamW runs are compared with atol 1e-5.
 import pytest
 import torch
 
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import (LAZY, assert_compiled, assert_same_training, image_batches, make_adamw, make_convnet,
                      make_mlp, mlp_batches, sgd, sgd_momentum, small_gpt, small_gpt_batches, train)
 

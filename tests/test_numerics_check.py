@@ -18,7 +18,9 @@ import torch
 import torch.nn as nn
 
 import lazy_mlir
-from lazy_mlir import compile_cache, metrics, minify
+from lazy_mlir import minify
+from lazy_mlir.cache import compile_cache
+from lazy_mlir.observe import metrics
 from helpers import CPU, LAZY, SMALL_GPT, gpt_batches, make_adamw, make_gpt
 
 TESTS = os.path.dirname(__file__)
@@ -77,7 +79,7 @@ def checking(tmp_path):
 
 
 def test_an_injected_miscompile_is_found_reported_and_trained_around(injected, checking):
-    lazy_mlir._C.clear_computation_cache()
+    lazy_mlir.native._C.clear_computation_cache()
     eager_losses, eager_params = _train(CPU)
     with pytest.warns(RuntimeWarning, match="disagrees with TorchScript") as caught:
         lazy_losses, lazy_params = _train(LAZY)
@@ -105,7 +107,7 @@ def test_correct_float32_adam_code_passes_the_check(checking):
     """No false alarm on float32 AdamW (GPT): where a gradient is rounding
     noise, Adam's first update (g / sqrt(g^2)) is too, in any correct code:
     the check measures that noise floor (inputs moved by a few ulps)."""
-    lazy_mlir._C.clear_computation_cache()
+    lazy_mlir.native._C.clear_computation_cache()
     torch.manual_seed(0)
     model = make_gpt(SMALL_GPT).to(LAZY)
     opt = make_adamw(model)
@@ -120,7 +122,7 @@ def test_correct_float32_adam_code_passes_the_check(checking):
 
 
 def test_tolerance_follows_the_least_precise_dtype():
-    from lazy_mlir import numerics_check
+    from lazy_mlir.run import numerics_check
     a = torch.ones(4, dtype=torch.float64)
     near = a + 1e-7  # float32 rounding: beyond float64's tolerance, within float32's
     assert numerics_check.compare_values([near], [a], numerics_check.TOLERANCES[torch.float64])

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from lazy_mlir import metrics
 from lazy_mlir.codegen import onednn_linear
+from lazy_mlir.observe import metrics
 from helpers import make_adamw, make_mlp, mlp_batches, sgd, small_gpt, small_gpt_batches, trained_like_eager
 
 aten = torch.ops.aten

@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from lazy_mlir import compile_cache, executables, metrics, parallel_compile, portable_graph
+from lazy_mlir.cache import compile_cache
+from lazy_mlir.compile import parallel as parallel_compile
+from lazy_mlir.lowering import portable_graph
+from lazy_mlir.observe import metrics
+from lazy_mlir.compile import deferred
+from lazy_mlir.run import executables
 from helpers import LAZY, StochasticMLP, assert_same_training, sgd, train
 from test_compile_cache import _hand_groups_over_again
 
@@ -48,9 +53,9 @@ def worker_first(monkeypatch):
     """This process's compiles wait until the worker started: with Inductor's
     cache warm, they would otherwise all be done before (it takes ~8 s)."""
     import threading
-    from lazy_mlir import isolated_compile
+    from lazy_mlir.compile import isolated as isolated_compile
     started = threading.Event()
-    real_ready, real_generate = parallel_compile.WorkerProcess.wait_ready, executables.generate_code
+    real_ready, real_generate = parallel_compile.WorkerProcess.wait_ready, deferred.generate_code
     real_isolated = isolated_compile.generate
 
     def ready(self, timeout=parallel_compile.START_TIMEOUT):
@@ -67,7 +72,7 @@ def worker_first(monkeypatch):
         return real_isolated(*args, **kwargs)
 
     monkeypatch.setattr(parallel_compile.WorkerProcess, "wait_ready", ready)
-    monkeypatch.setattr(executables, "generate_code", generate)
+    monkeypatch.setattr(deferred, "generate_code", generate)
     monkeypatch.setattr(isolated_compile, "generate", generate_isolated)
 
 

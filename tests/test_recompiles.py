@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import config, metrics
+from lazy_mlir import config
+from lazy_mlir.observe import metrics
 from helpers import LAZY
 
 HERE = "test_recompiles.py"

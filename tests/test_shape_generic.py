@@ -10,9 +10,11 @@ import torch
 import torch.nn as nn
 
 import lazy_mlir
-from lazy_mlir import compile_cache, metrics, shape_generic
-from lazy_mlir.disk_cache import SUFFIX, decode
-from lazy_mlir.shape_generic import SizeExpr, explain
+from lazy_mlir.cache import compile_cache
+from lazy_mlir.cache.disk_cache import SUFFIX, decode
+from lazy_mlir.compile import shape_generic
+from lazy_mlir.compile.shape_generic import SizeExpr, explain
+from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled, assert_same_training, train, train_token_batches
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
@@ -25,7 +27,7 @@ def fresh(lazy_level, monkeypatch):
     # 16): a hit there compiles nothing, so its size is never seen
     monkeypatch.setattr(lazy_mlir.config.current, "cache", False)
     shape_generic.clear()
-    lazy_mlir._C.clear_computation_cache()
+    lazy_mlir.native._C.clear_computation_cache()
     yield
     shape_generic.clear()
 

@@ -11,8 +11,9 @@ import torch
 
 import lazy_mlir
 from helpers import assert_compiled, assert_same_training
-from lazy_mlir import metrics, steady_state
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+from lazy_mlir.observe import metrics
+from lazy_mlir.trace import steady_state
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
@@ -255,7 +256,7 @@ def test_sgd_momentum_first_step_runs_the_steady_update(lazy_level, dampening, m
 def test_tensors_kept_across_steps_are_data_not_graph_roots(lazy_level, pattern, width):
     """A batch moved to the device once and fed every step, and losses kept
     as ``loss.detach()`` after mark_step: a sync gives each the device data
-    its pending value is (lazy_backend/pending_data.h) instead of making it
+    its pending value is (lazy_backend/ltc_fixes/pending_data.h) instead of making it
     a root of the next graph alone, so the first step traces the steady
     graph. Before: misses [1, 1, 0]. The values are eager's."""
     cfg = _cfg(width)

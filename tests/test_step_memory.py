@@ -6,7 +6,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import _C, metrics
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
 
 from helpers import CPU, LAZY, assert_compiled, assert_same_training, sgd_momentum, train
 

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import compilable, group_compiler, metrics
+from lazy_mlir.cluster import compilable
 from lazy_mlir.models import GPTConfig, gpt_batches, make_gpt
+from lazy_mlir.observe import metrics
+from lazy_mlir.run import group_compiler
 from helpers import LAZY, assert_compiled, assert_same_training, make_adamw, make_mlp, mlp_batches, sgd, train
 
 CPU = torch.device("cpu")
@@ -49,7 +51,7 @@ def test_a_group_of_one_copy_stays_in_torchscript_at_o1(lazy_level):
     compile to the copy TorchScript already runs, once per tensor shape: at
     O1 it stays there, counted as a group left to TorchScript, not a
     fallback. O2 compiles every graph whole. (A detach of device data, a
-    checkpoint's, runs no graph at all: lazy_backend/pending_data.h.)"""
+    checkpoint's, runs no graph at all: lazy_backend/ltc_fixes/pending_data.h.)"""
     weights = [torch.randn(3, n).to(LAZY) for n in (5, 6)]
     torch._lazy.mark_step()
     metrics.reset()
@@ -122,14 +124,14 @@ def test_failed_group_runs_in_torchscript_with_warning(lazy_level, monkeypatch):
 
 @pytest.mark.python_wrapper
 def test_lowering_failure_at_first_run_falls_back_to_torchscript(lazy_level, monkeypatch):
-    from lazy_mlir import executables
+    from lazy_mlir.compile import routes
 
     monkeypatch.setattr(lazy_mlir.config.current, "cache", False)  # the injected failure is not remembered on disk
 
     def broken_lowering(graph, inputs, name, cfg):
         raise RuntimeError("injected lowering failure")
 
-    monkeypatch.setattr(executables, "lower_group", broken_lowering)
+    monkeypatch.setattr(routes, "lower_group", broken_lowering)
     batches = mlp_batches(2, batch=19)
     with pytest.warns(RuntimeWarning, match=r"failed to compile \(RuntimeError: injected lowering failure\)"):
         lazy = train(make_mlp, sgd, batches, LAZY)
@@ -145,10 +147,10 @@ def test_traced_ops_carry_their_source_lines(lazy_level, monkeypatch):
     recompile explanations read it): two ops on two lines of a loop body
     keep their own line in every iteration (lines are cached per code
     object and instruction)."""
-    from lazy_mlir import executables
+    from lazy_mlir.compile import routes
     graphs = []
-    lower = executables.lower_group
-    monkeypatch.setattr(executables, "lower_group", lambda graph, *a: graphs.append(graph) or lower(graph, *a))
+    lower = routes.lower_group
+    monkeypatch.setattr(routes, "lower_group", lambda graph, *a: graphs.append(graph) or lower(graph, *a))
 
     def body(x):
         for _ in range(3):

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics, syncs
+from lazy_mlir.observe import metrics, syncs
 from helpers import LAZY
 
 
@@ -152,15 +152,15 @@ def test_a_compile_warning_made_an_error_is_raised_by_the_next_mark_step(lazy_le
     """A group's first compile runs inside the graph's execution: a warning
     of it that the user's filter makes an error waits for the next
     mark_step, and the group still compiles and runs its code."""
-    from lazy_mlir import executables
+    from lazy_mlir.compile import routes
 
-    real = executables.lower_group
+    real = routes.lower_group
 
     def noisy(*args):
         warnings.warn("injected compile notice", UserWarning)
         return real(*args)
 
-    monkeypatch.setattr(executables, "lower_group", noisy)
+    monkeypatch.setattr(routes, "lower_group", noisy)
     x = torch.randn(5, 37)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="injected compile notice")
@@ -198,7 +198,7 @@ def test_mark_step_alone_is_no_sync(lazy_level):
 def test_a_detached_value_read_after_mark_step_runs_no_graph(lazy_level):
     """``loss.detach().cpu()`` / ``.item()`` after mark_step (a training
     loop logging its loss): the detached copy of device data takes that
-    data (lazy_backend/pending_data.h) instead of executing a graph of its
+    data (lazy_backend/ltc_fixes/pending_data.h) instead of executing a graph of its
     own for a copy (one a read before). What is read is a copy: writing it
     leaves the lazy tensor alone."""
     w = torch.randn(4, requires_grad=True)

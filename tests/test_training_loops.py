@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 from helpers import CPU, LAZY, assert_compiled
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))

@@ -1,4 +1,4 @@
-"""transformers sees lazy tensors as traced (lazy_mlir.transformers_compat):
+"""transformers sees lazy tensors as traced (lazy_mlir.trace.transformers_compat):
 its mask decisions read no lazy value, whether it was imported before or
 after lazy_mlir.init(). The zoo (tests/models) checks the models: BERT, T5
 and BART with a padded 2-D mask in one graph execution per step."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lazy_mlir
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 
 IS_TRACING = """
 import torch, lazy_mlir

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import lazy_mlir
 from helpers import CPU, LAZY, assert_compiled
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 
 BASE = (4, 6, 5)
 

@@ -90,7 +90,7 @@ def main():
     models, stochastic_depth = _import_torchvision_models()
     import torch._lazy
     import lazy_mlir
-    from lazy_mlir import metrics
+    from lazy_mlir.observe import metrics
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     from lazy_step import not_compiled  # the benchmarks' check: groups in TorchScript, eager fallbacks
     lazy_mlir.init(args.level)

@@ -12,74 +12,16 @@
 """
 from __future__ import annotations
 
-import os
-import warnings
-
 import torch  # noqa: F401 - loads libtorch before our extension
-import torch._lazy
-import torch._lazy.ts_backend
 
-# The compiler (torch-mlir's MLIR libraries, the lowering, Inductor's
-# compile_fx: ~100 MB) is imported by the first compile in this process
-# (isolated_compile compiles in a worker, and cached code loads without it),
-# lazy_mlir.zero (torch.distributed, MLIR) on first use, and init() imports
-# the runtime (fused_optimizer, group_compiler), so that a process that only
-# imports lazy_mlir (an eager baseline reading lazy_mlir.models) loads none.
-from . import autocast, background, compilable, config, device_module, dump, lazy_kernels, metrics, module_ties
-from . import moe_experts, steady_state, step_errors
-from . import syncs, transformers_compat
-from . import _C
-from .steady_state import prepare
-from .capture import capture
+from . import config
+from .backend import init, wait_for_compiles
+from .cluster import compilable  # compilable.allow(op) / deny(op): the user's say on what compiles
+from .observe import metrics
+from .trace.capture import capture
+from .trace.steady_state import prepare
 
-__all__ = ["init", "prepare", "capture", "wait_for_compiles", "metrics", "config", "zero"]
-
-
-def init(level: str = "O1", **options) -> config.Config:
-    """Install the lazy_mlir backend for ``torch.device("lazy")``.
-
-    Can be called again to change the level or options; returns the config.
-    ``device="cuda"`` backs the lazy device with the GPU ("cuda" is the default
-    when torch sees one); the first call fixes the device for the process.
-    """
-    from . import fused_optimizer, group_compiler
-
-    cfg = config.Config(level=level, **options)
-    cfg.validate()
-    if cfg.dump_dir:  # a bad directory is an error here, not a surprise at the first compile
-        dump.check_dir(cfg.dump_dir, "dump_dir" if "dump_dir" in options else "LAZY_MLIR_DUMP_DIR")
-    _init_ts_backend(cfg.device)  # the TS backend must exist before we wrap it
-    config.current = cfg
-    # traced ops record their trace order (random draws keep it) and the user's frame
-    _C.install_source_locations(list(syncs.INTERNAL_DIRS), record_frames=cfg.source_lines)
-    # all of them, fast_rng or not: a value read mid-step that depends on a
-    # draw syncs the whole step (value_reads.h), or the step would draw again
-    _C.set_random_ops(sorted(compilable.RANDOM_OPS))
-    # unused draws run too, as in eager; fast_rng's draws follow no eager stream
-    _C.keep_dead_draws(not cfg.fast_rng)
-    device_module.install()  # torch.lazy: checkpointing's recompute draws the forward's numbers again
-    autocast.install(cfg.device)  # torch.autocast("lazy"), with the backing device's cast policy
-    _C.set_ltc_ir_debug(True)  # LTC calls the frame function only in IR-debug mode
-    lazy_kernels.install()
-    module_ties.install()
-    step_errors.install()  # a failed step's stored error must not fail the next one
-    # its optimizer hook first: an expert's None gradient is seen by steady_state's
-    moe_experts.install()  # Switch's and NLLB-MoE's expert loops in one graph
-    steady_state.install()  # auto_prepare's hooks
-    transformers_compat.install()  # its mask decisions read no lazy value
-    if cfg.fuse_optimizer:  # torch.optim.adam.adam stays torch's own until asked for
-        fused_optimizer.install()  # Adam/AdamW steps as one traced node
-    _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
-    if cfg.ltc_thread_pool:
-        warnings.warn("lazy_mlir: ltc_thread_pool=True runs graphs on LTC's IO thread, where a cached graph is "
-                      "not checked for its parameter binding (see README, \"A cached graph runs with the current "
-                      "graph's parameter binding\")", RuntimeWarning, stacklevel=2)
-    _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
-    _C.set_ir_reuse(cfg.reuse_ir)
-    _C.set_native_calls(cfg.native_calls)
-    _C.set_step_memory(cfg.step_memory)
-    _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
-    return cfg
+__all__ = ["init", "prepare", "capture", "wait_for_compiles", "metrics", "config", "compilable", "zero"]
 
 
 def __getattr__(name: str):
@@ -89,35 +31,3 @@ def __getattr__(name: str):
         import importlib
         return importlib.import_module(".zero", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Waits for the shape-generic compiles running in the background
-    (``Config.background_compile``); False if ``timeout`` seconds passed
-    first. Each group switches to its new code at its next run."""
-    return background.wait(timeout)
-
-
-def _init_ts_backend(device: str) -> None:
-    """The TorchScript backend on ``device``. It reads LTC_TS_CUDA once, when
-    it is created (its mere presence selects CUDA), and cannot be created twice."""
-    if _backing_device() is None:
-        if device == "cuda":
-            os.environ["LTC_TS_CUDA"] = "1"
-        else:
-            os.environ.pop("LTC_TS_CUDA", None)
-        torch._lazy.ts_backend.init()
-    backing = _backing_device()
-    if backing != device:
-        raise RuntimeError(f"lazy_mlir.init(device={device!r}): the lazy device of this process is already backed "
-                           f"by {backing} (the TorchScript backend fixes it when first initialised, by an earlier "
-                           "init() or by torch._lazy.ts_backend.init() as LTC_TS_CUDA said); "
-                           f"use device={backing!r} or a new process")
-
-
-def _backing_device() -> str | None:
-    """"cpu" or "cuda" behind the lazy device; None before any backend exists."""
-    try:
-        return torch._C._lazy._get_default_device_type().lower()
-    except RuntimeError:  # "Lazy tensor backend not registered."
-        return None

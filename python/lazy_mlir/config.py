@@ -76,8 +76,8 @@ class Config:
     auto_prepare: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_AUTO_PREPARE", True))
     # Buffer donation: parameters, gradients and optimizer state that a step
     # overwrites are written by the generated code into their own storage
-    # when nothing else can read the old value (see lazy_mlir.donation and
-    # lazy_backend/buffer_donation.h). LAZY_MLIR_DONATE=0 turns it off.
+    # when nothing else can read the old value (see lazy_mlir.codegen.donation and
+    # lazy_backend/memory/buffer_donation.h). LAZY_MLIR_DONATE=0 turns it off.
     donate_buffers: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_DONATE", True))
     # Inductor's C++ wrapper (its cpp_wrapper option) around a group's CPU
     # kernels instead of the Python one: no Python per kernel call, buffer
@@ -89,7 +89,7 @@ class Config:
     # Python one, with a warning. LAZY_MLIR_CPP_WRAPPER=0 turns it off.
     cpp_wrapper: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CPP_WRAPPER", True))
     # Call such a group's C++-wrapped code from C++, with no Python per call
-    # (lazy_mlir.native_call); read at each init(), for every group.
+    # (lazy_mlir.codegen.native_call); read at each init(), for every group.
     # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
     native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
     # Keep the large CPU buffers compiled groups allocate (64 KiB and up) for
@@ -106,7 +106,7 @@ class Config:
     onednn_linear: str = dataclasses.field(default_factory=lambda: _on_off_auto(
         os.environ.get("LAZY_MLIR_ONEDNN_LINEAR", "auto")))
     # On a GPU, replay a group's generated code as one CUDA graph from its
-    # second run on (lazy_mlir.cuda_graphs): one launch instead of one per
+    # second run on (lazy_mlir.run.cuda_graphs): one launch instead of one per
     # kernel. LAZY_MLIR_CUDA_GRAPHS=0 turns it off.
     cuda_graphs: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CUDA_GRAPHS", True))
     # Set by the backend on one fusion group's copy of the config, never by
@@ -125,13 +125,13 @@ class Config:
     # and its masks are as random but not eager's. Reproducible under
     # torch.manual_seed. Off by default; LAZY_MLIR_FAST_RNG=1 turns it on.
     fast_rng: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FAST_RNG", False))
-    # A fusion group per repeated layer (lazy_mlir.layer_groups): "auto" for
+    # A fusion group per repeated layer (lazy_mlir.cluster.layer_groups): "auto" for
     # models that skip layers at random (LayerDrop), "on" for every model,
     # "off" for none (LAZY_MLIR_LAYER_GROUPS=auto, 1 or 0).
     layer_groups: str = dataclasses.field(default_factory=lambda: _on_off_auto(
         os.environ.get("LAZY_MLIR_LAYER_GROUPS", "auto")))
     # Switch Transformers' and NLLB-MoE's expert loops run in static shapes
-    # (lazy_mlir.moe_experts), every expert called each step. True: an expert
+    # (lazy_mlir.trace.moe_experts), every expert called each step. True: an expert
     # that got no token has a None gradient, as eagerly (the optimizer skips
     # it), read before each optimizer step: two graph executions a step.
     # False: it keeps a zero gradient, as GShard-style MoE code gives it (the
@@ -228,8 +228,9 @@ def _default_device() -> str:
 
 
 def _default_cache_dir() -> str:
-    from .disk_cache import default_dir
-    return default_dir()
+    """$XDG_CACHE_HOME/lazy_mlir, else ~/.cache/lazy_mlir."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "lazy_mlir")
 
 
 current = Config()

@@ -31,7 +31,8 @@ import time
 import torch
 import torch.fx as fx
 
-from . import numerics_check, portable_graph
+from .lowering import portable_graph
+from .run import numerics_check
 
 
 def shrink(gm: fx.GraphModule, inputs: list, mismatches, log=print) -> tuple[fx.GraphModule, list]:
@@ -147,7 +148,7 @@ def _copies(inputs):
 def _codegen_disagrees(graph: bytes, inputs: list, options: dict) -> bool:
     """Whether lazy_mlir's code for a graph disagrees with eager (the checker's tolerances)."""
     from .codegen import inductor
-    from .group_lowering import fake_inputs_of
+    from .lowering.group_lowering import fake_inputs_of
 
     gm = portable_graph.loads(graph)
     try:
@@ -218,9 +219,10 @@ import sys
 import torch
 
 import lazy_mlir  # noqa: F401 - registers lazy_mlir's ops
-{imports}from lazy_mlir import numerics_check, portable_graph
+{imports}from lazy_mlir.lowering import portable_graph
+from lazy_mlir.run import numerics_check
 from lazy_mlir.codegen import inductor
-from lazy_mlir.group_lowering import fake_inputs_of
+from lazy_mlir.lowering.group_lowering import fake_inputs_of
 
 GRAPH = base64.b64decode("{graph}")
 INPUTS = torch.load(io.BytesIO(base64.b64decode("{inputs}")), weights_only=False)

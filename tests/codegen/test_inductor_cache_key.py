@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lazy_mlir.codegen import inductor
-from lazy_mlir.group_lowering import fake_inputs_of
+from lazy_mlir.lowering.group_lowering import fake_inputs_of
 
 
 def _lookups(tmp_path, monkeypatch) -> dict:

@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lazy_mlir.codegen import inductor, inductor_fixes
-from lazy_mlir.group_lowering import fake_inputs_of
+from lazy_mlir.lowering.group_lowering import fake_inputs_of
 
 
 def _key_gradient(index, grad, other, base):

@@ -7,10 +7,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import lazy_mlir
 from helpers import LAZY, assert_same_training, make_mlp, mlp_batches, sgd, train
-from lazy_mlir import config, metrics
+from lazy_mlir import config
 from lazy_mlir.codegen import mlir_llvm
-from lazy_mlir.group_lowering import lower_group
-from lazy_mlir.lowering import import_graph
+from lazy_mlir.lowering.fx_to_mlir import import_graph
+from lazy_mlir.lowering.group_lowering import lower_group
+from lazy_mlir.observe import metrics
 
 CPU = torch.device("cpu")
 

@@ -8,10 +8,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
-from lazy_mlir import config, group_lowering
+from lazy_mlir import config
 from lazy_mlir.codegen import inductor, mlir_llvm
-from lazy_mlir.group_lowering import group_device, lower_group
-from lazy_mlir.lowering import ExportError, export_graph
+from lazy_mlir.lowering import group_lowering
+from lazy_mlir.lowering.group_lowering import group_device, lower_group
+from lazy_mlir.lowering.mlir_to_fx import ExportError, export_graph
 from lazy_mlir.lowering.ts_to_fx import ts_graph_to_fx
 
 CUDA, META, CPU = torch.device("cuda", 0), torch.device("meta"), torch.device("cpu")

@@ -10,7 +10,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
-from lazy_mlir.lowering import ExportError, export_graph, import_graph
+from lazy_mlir.lowering.fx_to_mlir import import_graph
+from lazy_mlir.lowering.mlir_to_fx import ExportError, export_graph
 
 aten = torch.ops.aten
 

@@ -2,8 +2,9 @@
 import torch
 
 import lazy_mlir
-from lazy_mlir import compilable, metrics
+from lazy_mlir.cluster import compilable
 from lazy_mlir.lowering.op_aliases import alias_of
+from lazy_mlir.observe import metrics
 from helpers import LAZY
 
 

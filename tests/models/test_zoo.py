@@ -9,7 +9,7 @@ matches eager to ~1e-14.
 Dropout is compared exactly too: lazy ``bernoulli`` is kept in the
 TorchScript glue graph (compilable.DENIED) and runs aten's CPU kernel on the
 CPU default generator when the step executes, in trace order, so with the
-same seed it draws the same masks as eager (lazy_backend/draw_order.h keeps
+same seed it draws the same masks as eager (lazy_backend/ltc_fixes/draw_order.h keeps
 an encoder's and a decoder's independent dropouts in trace order). The
 dropout tests also check that dropout changed the eager losses (a dropout
 silently off would pass).
@@ -114,8 +114,8 @@ def runs(v: zoo.Variant, shapes: bool):
     if key not in _runs:
         # as a new process would (the cache folder aside): graphs and sizes
         # seen by another variant of the model in this worker count for nothing
-        lazy_mlir._C.clear_computation_cache()
-        lazy_mlir.shape_generic.clear()
+        lazy_mlir.native._C.clear_computation_cache()
+        lazy_mlir.compile.shape_generic.clear()
         try:
             _runs[key] = training.train(v, CPU, shapes=shapes), training.train(v, training.LAZY, shapes=shapes)
         except Exception as exc:  # noqa: BLE001 - the second test of v reports the same failure
@@ -233,7 +233,7 @@ def test_captured_model_matches_eager(lazy_o1, v, shapes):
 def test_an_item_mid_step_keeps_eagers_dropout_draws(lazy_o1):
     """HF BERT with dropout 0.1, its loss function captured, the loss read
     with .item() before backward: the read syncs the whole step first
-    (lazy_backend/value_reads.h), so the value read and the gradients are
+    (lazy_backend/ltc_fixes/value_reads.h), so the value read and the gradients are
     eager's (LTC alone would draw the masks again for the gradients)."""
     import warnings
 
@@ -289,7 +289,7 @@ def _train_canine(device: torch.device, seed: int, steps: int = 2):
 
 
 def test_unused_dropouts_draw_as_in_eager(lazy_o1):
-    """Without the unused draws (lazy_backend/dead_draws.h), the classifier's
+    """Without the unused draws (lazy_backend/ltc_fixes/dead_draws.h), the classifier's
     mask came from another point of the stream: losses 5e-3 off."""
     eager_losses, eager_params = _train_canine(CPU, seed=7)
     assert _train_canine(CPU, seed=8, steps=1)[0][0] != eager_losses[0]  # dropout is on: masks matter
@@ -308,7 +308,7 @@ def test_unused_dropouts_draw_as_in_eager(lazy_o1):
 def test_cpp_wrapped_code_is_called_from_cpp(lazy_o1, model):
     """With Inductor's C++ wrapper (the default outside this suite, see
     conftest) a group's code is called from C++ after its first run
-    (lazy_mlir.native_call): HF models train as eager does, and every
+    (lazy_mlir.codegen.native_call): HF models train as eager does, and every
     steady-state group call is a native one."""
     v = zoo.base_variant(model)
     lazy_mlir.init("O1", **O1_OPTIONS, cpp_wrapper=True)

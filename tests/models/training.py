@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 import zoo
 
 WARMUP = 2

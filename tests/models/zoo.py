@@ -135,7 +135,7 @@ def _causal_lm_loss(model, ids):
 def _padding_mask(v, batch):
     """Row 0 full, the others padded at the end: a real padded batch, as the
     2-D 0/1 mask users pass. transformers decides from its values whether a
-    mask can be dropped; lazy_mlir.transformers_compat makes it treat lazy
+    mask can be dropped; lazy_mlir.trace.transformers_compat makes it treat lazy
     tensors as traced, so that decision reads no value (no second graph)."""
     mask = torch.ones(batch, v.length, dtype=torch.long)
     mask[1:, v.length - 3:] = 0

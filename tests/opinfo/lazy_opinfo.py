@@ -11,7 +11,7 @@ import torch._lazy
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten
 
-from lazy_mlir import metrics
+from lazy_mlir.observe import metrics
 
 LAZY = torch.device("lazy")
 DTYPES = (torch.float32, torch.float64)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import lazy_mlir
 import lazy_mlir.zero as zero
-from lazy_mlir import compile_cache
+from lazy_mlir.cache import compile_cache
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
 
 # n_embd=36 and vocab 50: parameter sizes not divisible by 3 (or 2) ranks.
@@ -88,7 +88,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         # read after the loop (reading now would run a graph); detached in the
         # step, one output of its graph (after mark_step it would share the
-        # loss's data: lazy_backend/pending_data.h)
+        # loss's data: lazy_backend/ltc_fixes/pending_data.h)
         losses.append(loss.detach())
         torch._lazy.mark_step()
     group_keys["in_steps"] = False

@@ -23,9 +23,14 @@ import warnings
 
 import torch
 
-from . import config, metrics, native_call
+from .. import config
+from ..codegen import native_call
+from ..lowering import lowering_function
+from ..lowering.lowered_group import LoadOnFirstCall, LoweredGroup
+from ..observe import metrics
 from .disk_cache import DiskCache
-from .lowered_group import LoadOnFirstCall, LoweredGroup
+
+load_group = lowering_function("load_group")
 
 _entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
 _failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
@@ -115,7 +120,6 @@ def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> L
         return LoweredGroup(LoadOnFirstCall(lambda inputs: _load_python(disk, key, name, inputs)), entry["guards"],
                             entry["collective_bytes"], native=native, disk_key=key)
     try:
-        from .group_lowering import load_group
         lowered = load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name)
         lowered.disk_key = key
         return lowered
@@ -192,7 +196,6 @@ def _load_python(disk: DiskCache, key: str, name: str, inputs: list[torch.Tensor
     entry = read_entry(disk, key)
     if entry is None:
         raise RuntimeError(f"the compile cache's entry of {name} is gone")
-    from .group_lowering import load_group
     return load_group(entry["artifacts"], entry["guards"], entry["collective_bytes"], inputs, name).run
 
 

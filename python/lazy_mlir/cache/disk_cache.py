@@ -41,12 +41,6 @@ class CorruptEntry(ValueError):
     pass
 
 
-def default_dir() -> str:
-    """$XDG_CACHE_HOME/lazy_mlir, else ~/.cache/lazy_mlir."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "lazy_mlir")
-
-
 def encode(payload: bytes) -> bytes:
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), hashlib.sha256(payload).digest()) + payload
 

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from .lowering.size_constants import is_size_constant
+from ..lowering.size_constants import is_size_constant
 
 # Debug metadata that does not change what a node computes.
 _IGNORED_ATTRIBUTES = frozenset({"source"})
@@ -93,8 +93,8 @@ def input_signature(inputs: list[torch.Tensor]) -> tuple:
 # lazy_mlir's own code that turns a group into an executable: editing it
 # (an editable install keeps its version) must not serve stale entries;
 # shape_generic writes the size expressions of generic groups.
-_LOWERING_CODE = ("group_lowering.py", "lowering", "codegen", "compile_cache.py", "group_key.py", "shape_generic.py",
-                  "portable_graph.py")
+# under the package: what decides the code a key names and how an entry reads
+_LOWERING_CODE = ("lowering", "codegen", "cache/compile_cache.py", "cache/group_key.py", "compile/shape_generic.py")
 
 
 @functools.cache
@@ -107,7 +107,7 @@ def environment_id() -> str:
         except importlib.metadata.PackageNotFoundError:
             digest.update(f"{dist}=?;".encode())
     digest.update(torch.__version__.encode())
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the lazy_mlir package
     for entry in _LOWERING_CODE:
         path = os.path.join(here, entry)
         files = [path] if os.path.isfile(path) else sorted(

@@ -19,10 +19,11 @@ import warnings
 
 import torch
 
-from . import config, metrics
+from .. import config
+from ..lowering.size_constants import size_constant_nodes
+from ..observe import metrics
+from ..observe.syncs import short_source, user_source
 from .group_key import input_signature, tensor_digest
-from .lowering.size_constants import size_constant_nodes
-from .syncs import user_source
 
 _FIELDS = ("shape", "strides", "dtype", "device", "aliasing")
 _MAX_CHANGES = 4  # inputs listed per explanation; the rest are counted
@@ -49,7 +50,6 @@ _families: dict[str, _Family] = {}
 def _user_of(value: torch._C.Value) -> str:
     """'aten::mm at model.py:12 (forward)': the op that reads ``value``, past
     the scalar conversions LTC inserts (they carry no source line)."""
-    from .group_compiler import _short_source  # group_compiler imports executables, which import us
     for _ in range(4):
         users = [u.user for u in value.uses()]
         if not users:
@@ -58,7 +58,7 @@ def _user_of(value: torch._C.Value) -> str:
         if user.hasAttribute("source") or user.outputsSize() != 1:
             break
         value = user.output()
-    where = f" at {_short_source(user.s('source'))}" if user.hasAttribute("source") else ""
+    where = f" at {short_source(user.s('source'))}" if user.hasAttribute("source") else ""
     return f"{user.kind()}{where}"
 
 
@@ -171,13 +171,7 @@ def before_compile(family: str, graph: torch._C.Graph, inputs: list, name: str, 
         record["not_shape_generic"] = not_generic
     metrics.record_recompile(record)
     if cfg.logs("recompiles"):
-        print(f"lazy_mlir: recompiling {format_record(record)}", file=sys.stderr, flush=True)
-
-
-def format_record(record: dict) -> str:
-    text = (f"{record['group']} [{record['ops']}], step at {record['step_source']}, "
-            f"vs {record['previous']}: " + "; ".join(record["changes"]))
-    return text + (f"; not shape-generic: {record['not_shape_generic']}" if "not_shape_generic" in record else "")
+        print(f"lazy_mlir: recompiling {metrics.format_recompile(record)}", file=sys.stderr, flush=True)
 
 
 def add_variant(family: str, graph: torch._C.Graph, name: str, inputs: list, guards: list, describe: str,

@@ -9,9 +9,11 @@ The rule is by op name and types, and can be widened with ``allow()``.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from . import config
+from .. import config
 
 NOT_COMPILABLE, COMPUTE, PLUMBING = 0, 1, 2
 
@@ -20,7 +22,7 @@ PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit
 
 # Ops kept in TorchScript: host syncs, and random ops whose stream of draws
 # must match eager PyTorch exactly (the C++ core keeps RANDOM_OPS in trace
-# order: lazy_backend/draw_order.h), unless Config.fast_rng lets the
+# order: lazy_backend/ltc_fixes/draw_order.h), unless Config.fast_rng lets the
 # generated code draw GENERATED_RANDOM_OPS. randn, randn_like and normal_
 # trace as normal_functional (functionalization's name for normal_).
 HOST_SYNCS = {"aten::_local_scalar_dense", "aten::item"}
@@ -29,7 +31,7 @@ RANDOM_OPS = {
     "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like", "aten::randperm",
     "aten::normal", "aten::normal_functional", "aten::uniform", "aten::multinomial", "aten::exponential",
     "aten::geometric", "aten::cauchy", "aten::log_normal", "aten::random",
-    "lazy_mlir::dropout_mask",  # eager's dropout mask, split from its product (lazy_backend/dropout_masks.h)
+    "lazy_mlir::dropout_mask",  # eager's dropout mask, split from its product (lazy_backend/ltc_fixes/dropout_masks.h)
 }
 # Inductor generates grouped products (MoE experts) for CUDA bfloat16 only,
 # and aten's Meta kernel refuses other dtypes: aten's kernel runs in the glue.
@@ -125,3 +127,22 @@ def classify(node: torch._C.Node) -> int:
     elif not outputs or not all(isinstance(v.type(), torch._C.TensorType) for v in outputs):
         return NOT_COMPILABLE
     return COMPUTE if _plain_values(node.inputs()) else NOT_COMPILABLE
+
+
+_settling = False  # a setup graph is being synced: none of its groups compiles
+
+
+@contextlib.contextmanager
+def settling():
+    """Graphs synced inside run in TorchScript: the first step's setup graphs
+    (steady_state's in-place mul_(1)), nothing worth compiling."""
+    global _settling
+    _settling = True
+    try:
+        yield
+    finally:
+        _settling = False
+
+
+def is_settling() -> bool:
+    return _settling

@@ -1,4 +1,4 @@
-"""A fusion group per repeated layer (lazy_backend/layer_regions.h).
+"""A fusion group per repeated layer (lazy_backend/core/layer_regions.h).
 
 A model's repeated layers are the blocks of a ``ModuleList`` of one class
 (a transformer's layers; not a CNN's ``Sequential`` stages, whose blocks
@@ -28,7 +28,9 @@ import weakref
 
 import torch
 
-from . import _C, config, syncs
+from .. import config
+from ..native import _C
+from ..observe import syncs
 
 _marked: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _block_of: dict[int, tuple[weakref.ref, int]] = {}  # id(parameter) -> (the parameter, its marked block's number)

@@ -3,7 +3,7 @@ inputs that are dead after the step (parameters, gradients and optimizer
 state that the step overwrites), instead of into fresh tensors.
 
 The C++ backend decides which inputs may be written (see
-``lazy_backend/buffer_donation.h``): a group's donor candidates are graph
+``lazy_backend/memory/buffer_donation.h``): a group's donor candidates are graph
 inputs that no other group, TorchScript op or graph output uses; at each
 execution it hands the group only buffers nothing else can still read, and
 a copy of any other. This module does the group's half: in the FX graph

@@ -40,7 +40,7 @@ import time
 import torch
 import torch.fx as fx
 
-from .. import _C  # noqa: F401 - defines the ops, their CPU kernels in C++ (runtime/onednn_ops.cpp)
+from ..native import _C  # noqa: F401 - defines the ops, their CPU kernels in C++ (runtime/onednn_ops.cpp)
 
 aten = torch.ops.aten
 

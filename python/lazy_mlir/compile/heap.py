@@ -23,7 +23,7 @@ def _malloc_trim():
 
 
 def give_back() -> None:
-    from . import _C
+    from ..native import _C
     _C.release_step_memory()
     trim = _malloc_trim()
     if trim is not None:

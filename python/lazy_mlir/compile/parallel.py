@@ -36,7 +36,9 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from . import background, config, layer_groups
+from .. import config
+from ..cluster import layer_groups
+from . import background
 
 # A worker takes ~8 s to import torch and Inductor: it is started only when
 # the groups but the largest hold at least this many ops (GPT-2's smallest
@@ -63,10 +65,10 @@ class WorkerProcess:
         jobs_read, jobs_write = os.pipe()
         replies_read, replies_write = os.pipe()
         env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above lazy_mlir/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lazy_mlir.compile_worker", str(jobs_read), str(replies_write)],
+            [sys.executable, "-m", "lazy_mlir.compile.worker", str(jobs_read), str(replies_write)],
             pass_fds=(jobs_read, replies_write), stdin=subprocess.DEVNULL, env=env)
         os.close(jobs_read)
         os.close(replies_write)
@@ -130,7 +132,7 @@ _lock = threading.Lock()
 
 
 def graph_of(group_name: str) -> str:
-    """'graph3.g1' -> 'graph3' (lazy_backend/group_binder.cpp names them so)."""
+    """'graph3.g1' -> 'graph3' (lazy_backend/core/group_binder.cpp names them so)."""
     return group_name.rsplit(".g", 1)[0]
 
 
@@ -158,7 +160,7 @@ def job_for(group_name: str, key: str):
 
 
 def defer(group_name: str, job) -> Future:
-    """Queues ``job`` (an ``executables.DeferredCompile``, prepared or
+    """Queues ``job`` (a ``deferred.DeferredCompile``, prepared or
     following another) for the graph's flush; its future gets the group's
     LoweredGroup, or None (failed)."""
     future: Future = Future()
@@ -266,4 +268,3 @@ def _generate(jobs: list, workers: list[WorkerProcess]) -> None:
             t.join()
         for worker in workers:
             worker.close()
-

@@ -38,9 +38,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import compile_cache, config, group_key, metrics, recompiles, syncs
-from .lowered_group import LoadOnFirstCall, LoweredGroup, lowering_function
-from .lowering.size_constants import size_constants
+from .. import config
+from ..cache import compile_cache, group_key, recompiles
+from ..lowering import lowering_function
+from ..lowering.lowered_group import LoadOnFirstCall, LoweredGroup
+from ..lowering.size_constants import size_constants
+from ..observe import metrics, syncs
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -9,7 +9,7 @@ sends back Inductor's serialized artefact, which
 ``group_lowering.adopt_code`` loads; or (``isolated_compile``) the group's
 TorchScript graph, which it compiles whole, sending back the artefact and
 the plan of the native call. Started as
-``python -m lazy_mlir.compile_worker JOBS_FD REPLIES_FD``; the package never
+``python -m lazy_mlir.compile.worker JOBS_FD REPLIES_FD``; the package never
 imports this module.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 
 def blank_input(layout: tuple) -> torch.Tensor:
-    """A tensor of the layout ``parallel_compile.input_layout`` describes."""
+    """A tensor of the layout ``parallel.input_layout`` describes."""
     shape, stride, offset, dtype, device = layout
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
     return torch.empty(offset + extent, dtype=dtype, device=device).as_strided(shape, stride, offset)
@@ -37,9 +37,9 @@ def _serve(jobs: Connection, replies: Connection) -> None:
     # The parent compiles the step's largest group, which the step waits for
     # longest: on a busy machine the worker takes what the parent leaves.
     os.nice(10)
-    from . import portable_graph
-    from .codegen import inductor
-    from .group_lowering import fake_inputs_of
+    from ..lowering import portable_graph
+    from ..codegen import inductor
+    from ..lowering.group_lowering import fake_inputs_of
     replies.send(("ready",))
     while True:
         try:
@@ -79,7 +79,7 @@ def _blank_inputs(message: dict, aliased: bool = True) -> list[torch.Tensor]:
 def _plan(run, inputs: list[torch.Tensor]):
     """The native plan of code run once on ``inputs`` (zeros); None when it
     does not run on them or cannot be called natively."""
-    from . import native_call
+    from ..codegen import native_call
     try:
         return native_call.probe(run, inputs)[1]
     except Exception:  # noqa: BLE001 - the parent probes it itself
@@ -89,11 +89,13 @@ def _plan(run, inputs: list[torch.Tensor]):
 def _lower(job: dict) -> tuple:
     """A group's whole compile ("lowered", result) or its lowering to FX
     ("prepared", result); ("failed", why): the parent does it."""
-    from . import fused_optimizer, group_key, isolated_compile  # noqa: F401 - fused_optimizer defines our ops
-    from .group_lowering import generate_code, prepare_group
+    from ..cache import group_key
+    from ..lowering import fused_optimizer  # noqa: F401 - defines lazy_mlir::adam_step and sgd_step
+    from . import isolated
+    from ..lowering.group_lowering import generate_code, prepare_group
     kind, job = job["kind"], pickle.loads(job["payload"])
     try:
-        graph = isolated_compile.graph_from_message(job["graph"])
+        graph = isolated.graph_from_message(job["graph"])
     except Exception as exc:  # noqa: BLE001 - the parent has the graph itself
         return ("failed", f"its IR does not parse here: {type(exc).__name__}: {exc}")
     if group_key.structure(graph) != job["structure"]:

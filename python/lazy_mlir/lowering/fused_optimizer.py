@@ -1,6 +1,6 @@
 """``lazy_mlir::adam_step`` and ``lazy_mlir::sgd_step`` (one traced node for
 an Adam/AdamW or SGD step over a parameter group, see
-``lazy_mlir.fused_optimizer``) -> per-tensor aten ops.
+``lazy_mlir.trace.fused_optimizer``) -> per-tensor aten ops.
 
 The node takes and returns tensor lists, which our MLIR passes (they
 reason per tensor value: in-place writes, ZeRO shards) and the export back
@@ -11,7 +11,7 @@ trace. ``adam_update`` is also the op's eager kernel (O0, TorchScript): one
 definition of the math.
 
 Adam computes its per-step scalars in Python doubles; so does
-``lazy_mlir.fused_optimizer`` (in C++, ``lazy_backend/adam_scalars.h``):
+``lazy_mlir.trace.fused_optimizer`` (in C++, ``lazy_backend/optimizer/adam_scalars.h``):
 for each distinct step count of the group one float64 tensor
 ``[1 - lr * weight_decay, bias_correction2 ** 0.5, -lr / bias_correction1]``,
 and ``scalar_rows[i]`` names parameter ``i``'s; read here and cast to the
@@ -160,7 +160,7 @@ def sgd_update(emit: Callable, params, grads, momentum_buffers, lr, weight_decay
     momentum and no buffers given, it is the first step: each buffer starts
     as the gradient, as torch's SGD does; without momentum there are none.
     ``found_inf`` as for Adam (never with a first step: a skipped first
-    step would leave no buffers, lazy_mlir.fused_optimizer does not fuse it)."""
+    step would leave no buffers, lazy_mlir.trace.fused_optimizer does not fuse it)."""
     new_params, new_buffers, unscaled = [], [], []
     for i, (param, grad) in enumerate(zip(params, grads)):
         with place(i):
@@ -235,3 +235,39 @@ def expand_sgd_step(emit: Callable, graph: torch.fx.Graph, args: list) -> tuple[
 
 
 EXPANSIONS = {ADAM_STEP: expand_adam_step, SGD_STEP: expand_sgd_step}
+
+
+# ------------------------------------------------------------------ the ops
+# Defined here, beside their expansion: every process that lowers or runs
+# them (a compile worker too) has them once it imports the lowering.
+def _eager_adam_step(*args):
+    """The op run eagerly (O0, or a group left to TorchScript): the same
+    per-tensor math the compiled expansion runs."""
+    with torch.no_grad():
+        return adam_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
+
+
+def _meta_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *rest, grad_scale=None):
+    grad_scale = rest[10] if len(rest) > 10 else grad_scale
+    written = params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, grads if grad_scale is not None else []
+    return tuple([torch.empty_like(t) for t in ts] for ts in written)
+
+
+def _eager_sgd_step(*args):
+    with torch.no_grad():
+        return sgd_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
+
+
+def _meta_sgd_step(params, grads, momentum_buffers, lr, weight_decay, momentum, *rest, grad_scale=None):
+    grad_scale = rest[4] if len(rest) > 4 else grad_scale
+    return ([torch.empty_like(t) for t in params], [torch.empty_like(t) for t in params] if momentum != 0 else [],
+            [torch.empty_like(t) for t in grads] if grad_scale is not None else [])
+
+
+_LIB = torch.library.Library("lazy_mlir", "FRAGMENT")
+for _schema, _name, _eager, _meta in ((ADAM_STEP_SCHEMA, "adam_step", _eager_adam_step, _meta_adam_step),
+                                      (SGD_STEP_SCHEMA, "sgd_step", _eager_sgd_step, _meta_sgd_step)):
+    _LIB.define(_schema)
+    for _key in ("CPU", "CUDA"):
+        _LIB.impl(_name, _eager, _key)
+    _LIB.impl(_name, _meta, "Meta")

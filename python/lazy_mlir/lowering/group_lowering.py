@@ -27,11 +27,14 @@ import mlir_passes
 from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
-from . import config, donation, dump, metrics, portable_graph
-from .codegen import conv_layout, copied_reshapes, inductor, onednn_linear
+from .. import config
+from ..codegen import conv_layout, copied_reshapes, donation, inductor, onednn_linear
+from ..observe import dump, metrics
+from . import portable_graph, symbolic_metas
+from .fx_to_mlir import import_graph
 from .lowered_group import LoweredGroup
-from .lowering import export_graph, import_graph, symbolic_metas
-from .lowering.ts_to_fx import ts_graph_to_fx
+from .mlir_to_fx import export_graph
+from .ts_to_fx import ts_graph_to_fx
 
 
 class _Stage:
@@ -111,7 +114,7 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
         mlir_passes.run_pipeline(module, "verify-markers-lowered")  # whatever the configured pipeline
     guards += _specialized_arguments(module, example_inputs)
     if cfg.codegen == "mlir-llvm" and symbolic is None:
-        from .codegen.mlir_llvm import try_compile_module
+        from ..codegen.mlir_llvm import try_compile_module
         with _Stage("codegen"):
             run = try_compile_module(module, fake_inputs, name, device)
         if run is not None:  # else: unsupported, Inductor compiles the group

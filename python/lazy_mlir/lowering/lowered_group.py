@@ -38,14 +38,3 @@ class LoadOnFirstCall:
             self.run = self.load(inputs)
         return self.run(inputs)
 
-
-def lowering_function(name: str) -> Callable:
-    """``group_lowering.<name>``, imported at its first call: a process whose
-    groups all come from the cache as native code never loads MLIR or the
-    lowering's fake tensors. A module attribute, so tests can replace it."""
-    def call(*args, **kwargs):
-        from . import group_lowering
-        return getattr(group_lowering, name)(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = name
-    return call

@@ -13,7 +13,7 @@ import os
 import tempfile
 import warnings
 
-from . import config
+from .. import config
 
 _warned: set[str] = set()  # directories whose write failure was reported
 

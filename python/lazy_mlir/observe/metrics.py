@@ -107,6 +107,12 @@ def record_recompile(record: dict) -> None:
         _recompiles.append(record)
 
 
+def format_recompile(record: dict) -> str:
+    text = (f"{record['group']} [{record['ops']}], step at {record['step_source']}, "
+            f"vs {record['previous']}: " + "; ".join(record["changes"]))
+    return text + (f"; not shape-generic: {record['not_shape_generic']}" if "not_shape_generic" in record else "")
+
+
 def count_optimizer_group(unfused_reason: str | None) -> None:
     """An Adam or SGD parameter group's step: traced as one node (None), or torch's
     own per-tensor ops, and why (see fused_optimizer)."""
@@ -191,7 +197,7 @@ def _setup_counts() -> dict[str, int]:
 
 
 def _backend_stats() -> dict:
-    from . import _C
+    from ..native import _C
     return dict(_C.stats())
 
 
@@ -325,7 +331,7 @@ def snapshot() -> dict:
 
 def reset() -> None:
     global _fallback_group_calls, _interpreted_group_calls
-    from . import _C
+    from ..native import _C
     ltc_metrics.reset()
     _C.reset_stats()
     with _lock:
@@ -422,9 +428,8 @@ def report() -> str:
     for name, why in s["groups_fallen_back"].items():
         lines.append(f"  fell back {name}: {why}")
     if s["recompiles"]:
-        from .recompiles import format_record
         lines.append(f"  recompiles           {len(s['recompiles'])}")
         for record in s["recompiles"]:
-            lines.append(f"    {format_record(record)}")
+            lines.append(f"    {format_recompile(record)}")
     lines.append("  seconds              " + ", ".join(f"{k} {v:.3f}" for k, v in s["seconds"].items()))
     return "\n".join(lines)

@@ -20,10 +20,12 @@ import warnings
 
 import torch
 
-from . import config, metrics
+from .. import config
+from . import metrics
 
 # Frames in these directories are ours or torch's, never the user's line.
-INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+# torch and the whole lazy_mlir package (this file is in lazy_mlir/observe/)
+INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 
 
 class EagerFallbackError(RuntimeError):
@@ -178,7 +180,7 @@ def on_execute(draws: bool = False) -> bool:
     ``draws``: the graph runs random ops (dropout's bernoulli...): read
     mid-step, they warn (see ``_warn_redraw``).
     Returns True under mark_step: its sync takes every pending graph, which
-    buffer donation relies on (lazy_backend/buffer_donation.h)."""
+    buffer donation relies on (lazy_backend/memory/buffer_donation.h)."""
     global execution
     execution += 1
     frame, user, marking = sys._getframe(0).f_back, None, False
@@ -209,7 +211,7 @@ _warned_redraw: set[str] = set()
 
 def _warn_redraw(source: str) -> None:
     """A read mid-step ran random ops (not ``item()`` nor an eager fallback:
-    they sync every live tensor first, lazy_backend/value_reads.h). LTC
+    they sync every live tensor first, lazy_backend/ltc_fixes/value_reads.h). LTC
     computes only the tensors read;
     what else depends on the draws (the activations and masks saved for
     backward, the gradients) stays pending and draws again, other numbers,
@@ -222,3 +224,11 @@ def _warn_redraw(source: str) -> None:
                        "the tensors that still depend on them (saved activations, gradients) draw again when the "
                        "step's graph runs, so they see other random numbers than the value read and than eager "
                        "PyTorch. Read values after mark_step() to keep eager's draws", stacklevel=3)
+
+
+def short_source(source: str) -> str:
+    """LTC's "<file> <function> <line>" as 'file:line (function)'."""
+    parts = source.rsplit(" ", 2)
+    if len(parts) != 3:
+        return source
+    return f"{parts[0]}:{parts[2]} ({parts[1]})"

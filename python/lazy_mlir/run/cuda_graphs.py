@@ -29,7 +29,8 @@ import warnings
 
 import torch
 
-from . import compilable, metrics
+from ..cluster import compilable
+from ..observe import metrics
 
 # Runs of the same code (the first compiles it and autotunes its kernels)
 # before it is captured.

@@ -18,15 +18,18 @@ from concurrent.futures import Future
 import torch
 from torch._C._dynamo.guards import TensorGuards
 
-from . import (_C, background, compile_cache, config, cuda_graphs, donation, group_key, heap, isolated_compile,
-               layer_groups, metrics, native_call, numerics_check, parallel_compile, recompiles, shape_generic, syncs)
-from .lowered_group import lowering_function
-from .lowering.errors import NoSymbolicShapes
+from .. import config
+from ..cache import compile_cache, group_key, recompiles
+from ..cluster import layer_groups
+from ..codegen import donation, native_call
+from ..compile import background, deferred, heap, parallel, routes, shape_generic
+from ..compile.routes import Route
+from ..lowering import lowering_function
+from ..native import _C
+from ..observe import metrics, syncs
+from . import cuda_graphs, numerics_check
 
-lower_group = lowering_function("lower_group")
-prepare_group = lowering_function("prepare_group")
-generate_code = lowering_function("generate_code")
-adopt_code = lowering_function("adopt_code")
+prepare_group = lowering_function("prepare_group")  # a numerics-check case localises its stage with it
 
 
 class TorchScriptExecutable:
@@ -253,7 +256,7 @@ class GroupExecutable:
         self._capture_after = 0
         self._graphed = None  # the current code as a CUDA graph, once captured
         self._run = self._first_run
-        parallel_compile.bound(name)
+        parallel.bound(name)
 
     @property
     def _run(self):
@@ -271,8 +274,8 @@ class GroupExecutable:
 
     def offer_donation(self, positions) -> list[int]:
         """Before the first run the C++ binder offers the inputs only this group
-        reads (lazy_backend/buffer_donation.h); the code may write outputs into
-        those accepted (lazy_mlir.donation), which become part of the group's
+        reads (lazy_backend/memory/buffer_donation.h); the code may write outputs into
+        those accepted (lazy_mlir.codegen.donation), which become part of the group's
         configuration, hence of its cache key."""
         if not self.cfg.donate_buffers or self.cfg.ltc_thread_pool or not positions:
             return []  # with LTC's IO thread no buffer is ever known dead: every one would be copied
@@ -290,7 +293,7 @@ class GroupExecutable:
             try:
                 return self._for_layout(inputs)
             finally:
-                parallel_compile.ran_first(self.name)  # the graph's last group: its deferred compiles run
+                parallel.ran_first(self.name)  # the graph's last group: its deferred compiles run
 
     def _for_layout(self, inputs, count_miss=True):
         """First run, or inputs unlike those the current code was compiled for:
@@ -520,7 +523,7 @@ class GroupExecutable:
             return self._run_new_code(inputs)
         generic = None if compiling.future.exception() is not None else compiling.future.result()
         if generic is not None and compiling.started_here:
-            self._add_variant(inputs, generic.guards)
+            self.add_variant(inputs, generic.guards)
         # as at a first run: the generic code if it admits these sizes, else a
         # compile (its cache miss was counted when the background compile began)
         return self._for_layout(inputs, count_miss=False)
@@ -543,7 +546,7 @@ class GroupExecutable:
         """The code for ``inputs`` (``found``: what the cache already gave for them)."""
         if self._family is None:
             self._family = group_key.family(self.graph)
-        lowered = found if found is not None else self._cached(inputs, count_miss)
+        lowered = found if found is not None else self.cached(inputs, count_miss)
         generic = None
         sighting = shape_generic.sight(self.graph, inputs, self.cfg)  # also on a hit: sizes seen count
         if lowered is None and sighting is not None:
@@ -551,35 +554,39 @@ class GroupExecutable:
             if generic is not None:
                 compile_cache.store(self.cache_key, generic, self.cfg)  # in memory: no artefacts
         if lowered is None:
-            if self._failed_before():
+            if self.failed_before():
                 return None
-            compiling = self._in_background(inputs, sighting) or self._deferred(inputs, sighting)
-            if compiling is not None:
-                return compiling
+            choice = routes.choose(self.cfg, self.name, inputs, sighting)
+            if choice.route is Route.WAIT:  # a third size waits for the second's code
+                return _Compiling(choice.pending, started_here=False)
+            if choice.route is Route.BACKGROUND:
+                return self._in_background(inputs, sighting, choice.planned)
+            if choice.route is Route.DEFERRED:
+                return self._deferred(inputs, sighting)
             with compile_cache.exclusive(self.cache_key, self.cfg, self._waiting):
                 # another process (a rank) may have compiled it meanwhile, or failed to
-                lowered = self._cached(inputs, count_miss=False)
+                lowered = self.cached(inputs, count_miss=False)
                 if lowered is None:
-                    if self._failed_before():
+                    if self.failed_before():
                         return None
                     self._before_compile(inputs, sighting)
-                    lowered = self._compile(inputs, sighting)
+                    lowered = self._compile(inputs, choice.route, sighting)
                     if lowered is None:
                         return None
                     compile_cache.store(self.cache_key, lowered, self.cfg)
         if sighting is not None:
             shape_generic.observe(sighting)
         if generic is None:  # a size served by generic code is no new variant
-            self._add_variant(inputs, lowered.guards)
+            self.add_variant(inputs, lowered.guards)
         return lowered
 
-    def _cached(self, inputs, count_miss):
+    def cached(self, inputs, count_miss):
         # Dumps show every group's real lowering: with dump_dir set, no cache serves it.
         if self.cfg.dump_dir:
             return None
         return compile_cache.lookup(self.cache_key, inputs, self.name, self.cfg, count_miss)
 
-    def _failed_before(self) -> bool:
+    def failed_before(self) -> bool:
         """Whether lowering this group failed before, in this process or
         another: then it is not tried again (O1 runs it in TorchScript)."""
         failed = compile_cache.known_failure(self.cache_key, self.cfg)
@@ -594,20 +601,17 @@ class GroupExecutable:
             print(f"lazy_mlir: {self.name}: another process (a rank of this job?) is compiling the same group; "
                   "waiting for it to land in the cache", file=sys.stderr, flush=True)
 
-    def _compile(self, inputs, sighting=None):
+    def _compile(self, inputs, route: Route, sighting):
+        """The code, compiled in the step by ``route`` (GENERIC, ISOLATED or
+        IN_PROCESS); None: it failed (reported)."""
         start = time.perf_counter()
         if self.cfg.progress:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
             layer_groups.print_compile_hint()
         try:
-            with background.compile_lock:  # after any compile running in the background
-                planned = sighting and shape_generic.plan(sighting, inputs)
-                lowered = ((planned and self._compile_generic(inputs, sighting, planned))
-                           or (isolated_compile.applies(self.cfg, inputs)
-                               and isolated_compile.lower(self.graph, inputs, self.name, self.cfg))
-                           or lower_group(self.graph, inputs, self.name, self.cfg))
+            lowered = routes.compile_in_step(route, self.graph, inputs, self.name, self.cfg, sighting)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
-            self._compile_failed(exc)
+            self.compile_failed(exc)
             return None
         if self.cfg.progress:
             print(f"lazy_mlir: compiled {self.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
@@ -619,13 +623,13 @@ class GroupExecutable:
         recompiles.before_compile(self._family, self.graph, inputs, self.name, self.describe, self.cfg,
                                   self.cfg.key(), shape_generic.refusal(self.graph, sighting, inputs))
 
-    def _add_variant(self, inputs, guards) -> None:
+    def add_variant(self, inputs, guards) -> None:
         """Records the variant now serving these inputs (recompiles)."""
         recompiles.add_variant(self._family, self.graph, self.name, inputs, guards, self.describe, self.cfg,
                                self.cfg.key())
         shape_generic.note_baked(self.graph, inputs, self.cfg, guards)
 
-    def _compile_failed(self, exc: Exception) -> None:
+    def compile_failed(self, exc: Exception) -> None:
         # A warning that the user's filter raised as an error (-W error: a
         # deprecation inside Inductor) says nothing about the group: not
         # remembered on disk, where it would fail every later process too.
@@ -642,87 +646,40 @@ class GroupExecutable:
                                      "TorchScript.") from exc
         report_failure(self.name, self.describe, exc)
 
-    def _in_background(self, inputs, sighting):
-        """At O1 with ``Config.background_compile``, a shape-generic compile
-        runs on the worker thread while the group runs in TorchScript: a
-        ``_Compiling`` for this group's sizes, or for its family's compile
-        already running (a third size waits for the second's code). None: a
-        compile here and now (no generic form planned, not in the background,
-        or the other size came in this graph's run: its first, which compiles
-        its other groups anyway)."""
-        if sighting is None or not self.cfg.background_compile or self.cfg.level != "O1":
-            return None
-        if shape_generic.seen_in_this_execution(sighting):
-            return None
-        future = background.pending(sighting.family)
-        if future is not None:
-            return _Compiling(future, started_here=False)
-        planned = shape_generic.plan(sighting, inputs)
-        if planned is None:
-            return None
+    def _in_background(self, inputs, sighting, planned):
+        """Route BACKGROUND: the shape-generic form compiles on the worker
+        thread while the group runs in TorchScript (a ``_Compiling``)."""
         self._before_compile(inputs)
         if self.cfg.progress:
             print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic in the background "
                   f"({self.num_ops} ops); it runs in TorchScript until then", file=sys.stderr, flush=True)
         example = _snapshot(inputs)
-        return _Compiling(background.submit(sighting.family,
-                                            lambda: self._compile_generic(example, sighting, planned, True)),
-                          started_here=True)
+        compile_generic = routes.compile_generic
+        return _Compiling(background.submit(sighting.family, lambda: compile_generic(
+            self.graph, example, self.name, self.cfg, sighting, planned, in_background=True)), started_here=True)
 
     def _deferred(self, inputs, sighting):
-        """During its graph's first execution, a static compile waits for the
-        graph's other groups, to generate code beside theirs
-        (``parallel_compile``): a ``_Compiling`` for it; None: compile here
-        and now. The group is lowered to FX here (a failure is reported as
+        """Route DEFERRED: during its graph's first execution, a static compile
+        waits for the graph's other groups, to generate code beside theirs
+        (``parallel``): a ``_Compiling`` for it. The group is lowered to FX here (a failure is reported as
         in any compile, and it runs in TorchScript), which tells the layouts
         of the outputs its code will return."""
-        if not parallel_compile.applies(self.name, self.cfg):
-            return None
-        if sighting is not None and shape_generic.plan(sighting, inputs) is not None:
-            return None  # a shape-generic form, planned from the sizes seen so far
         self._before_compile(inputs, sighting)
         if sighting is not None:
             shape_generic.observe(sighting)  # the graph's later groups see these sizes, as after a compile
-        job = DeferredCompile(self, _snapshot(inputs))
-        leader = parallel_compile.job_for(self.name, self.cache_key)
+        job = deferred.DeferredCompile(self, _snapshot(inputs))
+        leader = parallel.job_for(self.name, self.cache_key)
         if leader is not None:
             job.follow(leader)  # alike to a group deferred before it in this graph: compiled once
         elif not job.prepare():  # failed (reported): TorchScript from now on
             failed = Future()
             failed.set_result(None)
             return _Compiling(failed, started_here=True, deferred=True)
-        compiling = _Compiling(parallel_compile.defer(self.name, job), started_here=True, deferred=True,
+        compiling = _Compiling(parallel.defer(self.name, job), started_here=True, deferred=True,
                                strides=job.output_strides,
                                compiled_for=[(t.shape, t.stride(), t.dtype, t.device) for t in job.inputs])
         _remember_layout_guess(self._structure_key(), (compiling.compiled_for, compiling, self.layout, self.cache_key))
         return compiling
-
-    def _compile_generic(self, inputs, sighting, planned, in_background=False):
-        """The shape-generic form planned by ``shape_generic.plan``; None
-        (compile the static form) when it fails."""
-        start = time.perf_counter()
-        if self.cfg.progress and not in_background:
-            print(f"lazy_mlir: {self.name} seen at other sizes: compiling it shape-generic", file=sys.stderr,
-                  flush=True)
-        try:
-            lowered = shape_generic.compile_generic(self.graph, inputs, self.name, self.cfg, sighting, planned)
-        except NoSymbolicShapes as exc:  # known beforehand to be static: said where asked, not warned
-            shape_generic.give_up(sighting.family, str(exc))
-            if self.cfg.logs("recompiles") or self.cfg.logs("dynamic"):
-                print(f"lazy_mlir: {self.name} compiles static: {exc}", file=sys.stderr)
-            return None
-        except Exception as exc:  # noqa: BLE001 - the static form is always there to fall back on
-            shape_generic.give_up(sighting.family)
-            metrics.count_cache("generic_failed")
-            warnings.warn(f"lazy_mlir: fusion group {self.name} could not be compiled shape-generic "
-                          f"({type(exc).__name__}: {exc}); compiling it for these sizes only", RuntimeWarning,
-                          stacklevel=1)
-            return None
-        metrics.count_cache("generic_compile")
-        if self.cfg.progress and in_background:
-            print(f"lazy_mlir: {self.name} compiled shape-generic in {time.perf_counter() - start:.1f} s",
-                  file=sys.stderr, flush=True)
-        return lowered
 
 
 def _snapshot(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -731,112 +688,3 @@ def _snapshot(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     view of each (TorchScript resizes an out= input in place, as arange's:
     the compile must see the sizes LTC traced)."""
     return [t.clone() if t.dim() == 0 else t.as_strided(t.shape, t.stride(), t.storage_offset()) for t in inputs]
-
-
-class DeferredCompile:
-    """A group's static compile left to its graph's flush (``parallel_compile``):
-    ``prepare`` (TS to exported FX, in the step), then at the flush
-    ``generate`` here or a worker's artefact, and ``finish`` hands the code
-    to the group. A follower (a group alike to one deferred before it) takes
-    its leader's code from the cache."""
-
-    def __init__(self, executable: GroupExecutable, inputs: list[torch.Tensor]):
-        self.executable, self.inputs = executable, inputs
-        self.cfg, self.key = executable.cfg, executable.cache_key
-        self.name, self.num_ops = executable.name, executable.num_ops
-        self.future: Future | None = None
-        self.prepared = self.lowered = self.output_strides = None
-        self.leader: DeferredCompile | None = None
-        self.artefact, self.worker_seconds, self.worker_failure = None, 0.0, None
-        self.plan = None  # the native call's, when a worker ran the code (isolated_compile)
-
-    def prepare(self) -> bool:
-        """Lowers the group to FX, in the compile worker where isolated_compile
-        applies (False: that failed, reported)."""
-        if isolated_compile.applies(self.cfg, self.inputs):
-            self.prepared = isolated_compile.prepare(self.executable.graph, self.inputs, self.name, self.cfg)
-        if self.prepared is None:
-            try:
-                self.prepared = prepare_group(self.executable.graph, self.inputs, self.name, self.cfg,
-                                              keep_graph=True)
-            except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
-                self.executable._compile_failed(exc)
-                return False
-        self.output_strides = self.prepared.output_strides()  # Inductor's (parallel_compile.applies)
-        return True
-
-    @property
-    def isolated(self) -> bool:
-        """Prepared in the compile worker: its code is generated and planned in workers too."""
-        return isinstance(self.prepared, isolated_compile.PreparedElsewhere)
-
-    def follow(self, leader: DeferredCompile) -> None:
-        self.leader, self.output_strides = leader, leader.output_strides
-
-    @property
-    def portable(self) -> bool:
-        """Whether a worker can take it: its exported graph kept as bytes."""
-        return self.prepared is not None and self.prepared.artifacts is not None
-
-    def request(self) -> tuple:
-        artifacts = self.prepared.artifacts
-        return (self.name, artifacts["graph"], isolated_compile.input_message(self.inputs),
-                artifacts.get("cpp_wrapper", False), self.isolated)
-
-    def generated_elsewhere(self, artefact: bytes, seconds: float, plan=None) -> None:
-        """A worker's code for it, and its native plan when asked for
-        (loaded by ``finish``)."""
-        self.artefact, self.worker_seconds, self.plan = artefact, seconds, plan
-        if self.cfg.progress:
-            print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {seconds:.1f} s in a compile worker",
-                  file=sys.stderr, flush=True)
-
-    def generate(self) -> None:
-        """Its code, generated in this process, or in the compile worker for a
-        group prepared there (isolated_compile)."""
-        if self.worker_failure and self.cfg.progress:
-            print(f"lazy_mlir: {self.name}: the compile worker failed it ({self.worker_failure}); compiling it here",
-                  file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        if self.isolated and self.worker_failure is None:
-            generated = isolated_compile.generate(self.name, self.prepared, self.inputs, self.cfg)
-            if generated is not None:
-                self.lowered = isolated_compile.adopt(self.prepared, *generated, self.cfg)
-                if self.cfg.progress:
-                    print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {time.perf_counter() - start:.1f} "
-                          "s in the compile worker", file=sys.stderr, flush=True)
-                return
-        try:
-            if self.isolated:  # the worker could not: lowered here after all
-                self.prepared = prepare_group(self.executable.graph, self.inputs, self.name, self.cfg,
-                                              keep_graph=True)
-            self.lowered = generate_code(self.prepared, self.cfg)
-        except Exception as exc:  # noqa: BLE001 - O1 runs it in TorchScript
-            self.executable._compile_failed(exc)
-            return
-        if self.cfg.progress:
-            print(f"lazy_mlir: compiled {self.name} ({self.num_ops} ops) in {time.perf_counter() - start:.1f} s",
-                  file=sys.stderr, flush=True)
-
-    def finish(self) -> None:
-        ex = self.executable
-        if self.artefact is not None:
-            try:
-                if self.isolated:
-                    self.lowered = isolated_compile.adopt(self.prepared, self.artefact, self.plan, self.cfg)
-                else:
-                    self.lowered = adopt_code(self.prepared, self.artefact, self.cfg)
-                metrics.record_worker_compile(self.worker_seconds)
-            except Exception as exc:  # noqa: BLE001 - generated here instead
-                self.worker_failure = f"its code does not load here: {type(exc).__name__}: {exc}"
-                self.generate()
-        elif self.leader is not None:
-            # the leader's code, or its failure; else (another guard value) its own compile
-            self.lowered = ex._cached(self.inputs, count_miss=False)
-            if self.lowered is None and not ex._failed_before() and self.prepare():
-                self.generate()
-        if self.lowered is not None:
-            if self.prepared is not None:
-                compile_cache.store(self.key, self.lowered, self.cfg)
-            ex._add_variant(self.inputs, self.lowered.guards)
-        self.future.set_result(self.lowered)

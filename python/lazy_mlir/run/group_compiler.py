@@ -12,7 +12,9 @@ import collections
 
 import torch
 
-from . import compilable, config, metrics, steady_state
+from .. import config
+from ..cluster import compilable
+from ..observe import metrics, syncs
 from .executables import GroupExecutable, TorchScriptExecutable, report_failure
 
 # Test seam: called with (graph, name) first; raise to inject a failure.
@@ -30,16 +32,8 @@ def describe_ops(graph: torch._C.Graph, max_sources: int = 3) -> str:
         if node.hasAttribute("source"):
             sources[node.s("source")] += 1
     ops = ", ".join(kind + (f" x{n}" if n > 1 else "") for kind, n in counts.most_common())
-    where = ", ".join(_short_source(s) for s, _ in sources.most_common(max_sources))
+    where = ", ".join(syncs.short_source(s) for s, _ in sources.most_common(max_sources))
     return ops + (f" from {where}" if where else "")
-
-
-def _short_source(source: str) -> str:
-    # LTC's format is "<file> <function> <line>"
-    parts = source.rsplit(" ", 2)
-    if len(parts) != 3:
-        return source
-    return f"{parts[0]}:{parts[2]} ({parts[1]})"
 
 
 # Ops that only copy their input: a group of one of them would compile to
@@ -50,7 +44,7 @@ COPY_KINDS = {"aten::detach_copy", "aten::alias_copy", "aten::clone", "aten::_to
 
 
 def compile_group(graph: torch._C.Graph, name: str):
-    if steady_state.settling:  # a setup graph of in-place mul_(1): nothing worth compiling
+    if compilable.is_settling():  # a setup graph of in-place mul_(1): nothing worth compiling
         return TorchScriptExecutable(graph, name, count=None)
     kinds = [n.kind() for n in graph.nodes() if n.kind() not in compilable.PLUMBING_KINDS]
     if len(kinds) == 1 and kinds[0] in COPY_KINDS and config.current.level != "O2":

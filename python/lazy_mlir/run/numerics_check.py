@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from . import portable_graph
+from ..lowering import portable_graph
 
 # (rtol, atol), applied to the largest magnitude of each output: generated
 # code sums in other orders than aten (reductions, fused multiply-adds)
@@ -177,7 +177,7 @@ def save_case(graph: torch._C.Graph, inputs: list, reference: list, floors: list
     inputs, and writes that graph, the inputs and the options where
     ``python -m lazy_mlir.minify`` reads them: (path or None, stage).
     ``prepare_group``: group_lowering's, which the caller holds."""
-    from .lowering.ts_to_fx import ts_graph_to_fx  # here: only a mismatch loads the lowering
+    from ..lowering.ts_to_fx import ts_graph_to_fx  # here: only a mismatch loads the lowering
 
     tolerance = graph_tolerance(graph)
     stage, gm = "codegen", None

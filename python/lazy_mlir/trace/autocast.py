@@ -9,7 +9,7 @@ Nor did ``torch.autocast("cpu")`` help: its kernels cast CPU tensors only,
 so a lazy model under it ran in float32.
 
 The casts are C++ kernels on a dispatch key of their own
-(``lazy_backend/lazy_autocast.h``), above autograd as torch's are, with
+(``lazy_backend/kernels/lazy_autocast.h``), above autograd as torch's are, with
 torch's policy for each op: the table of the device behind the lazy one
 (``CPU_POLICIES`` or ``CUDA_POLICIES``, taken from torch 2.13's
 registrations; a test checks them against the dispatcher), and its default
@@ -31,7 +31,7 @@ import functools
 import torch
 import torch.amp.autocast_mode
 
-from . import _C
+from ..native import _C
 
 LOWER, FP32, FP32_OUT, FP32_APPEND, PROMOTE, BANNED = (
     "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned")

@@ -91,7 +91,9 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import _C, autocast, metrics, syncs, transformers_compat
+from ..native import _C
+from ..observe import metrics, syncs
+from . import autocast, device_module, transformers_compat
 
 
 class CaptureError(RuntimeError):
@@ -117,8 +119,7 @@ def _backing(value):
     """A device argument names the device behind the lazy one: the
     TorchScript graph runs there (what LTC's own lowering does)."""
     if isinstance(value, torch.device) and value.type == "lazy":
-        from . import _backing_device
-        return torch.device(_backing_device())
+        return torch.device(device_module.backing_device())
     return value
 
 
@@ -243,7 +244,7 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             returns.append(count if n < 0 else list(range(count, count + n)))
             count += 1 if n < 0 else n
         values[node] = returns[0] if len(sizes) == 1 else returns
-        # native_dropout's lowering needs its sizes (lazy_backend/dropout_masks.h)
+        # native_dropout's lowering needs its sizes (lazy_backend/ltc_fixes/dropout_masks.h)
         val = node.meta["val"][0] if op is torch.ops.aten.native_dropout.default else None
         ops.append((op._schema.name, op._overloadname, arguments, sizes if any(n >= 0 for n in sizes) else [],
                     sum(1 if n < 0 else n for n in sizes), None if val is None else (val.dtype, list(val.shape))))
@@ -285,7 +286,7 @@ class _Replay:
         self.region, constants, self.positions, self.written = build_region(gm, name)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
             # pending device data until the first replay's sync, which gives
-            # them their data (lazy_backend/pending_data.h): no graph root
+            # them their data (lazy_backend/ltc_fixes/pending_data.h): no graph root
             self.constants = [c.to("lazy") for c in constants]
 
     def __call__(self, args: list):
@@ -513,7 +514,7 @@ def _file_kind(filename: str) -> str:
     if kind is None:
         global _library_prefixes
         if _library_prefixes is None:
-            prefixes = [os.path.join(os.path.dirname(__file__), "")]
+            prefixes = [os.path.join(os.path.dirname(os.path.dirname(__file__)), "")]  # the lazy_mlir package
             for name in _LIBRARIES:
                 try:
                     spec = importlib.util.find_spec(name)

@@ -8,7 +8,7 @@ attribute 'lazy'". They save the device's random state before the forward
 and set it back before running that forward again in the backward, so
 that its dropout masks are the forward's. A lazy draw takes its numbers
 when its graph runs, so the state here is a position in the step's stream
-of traced draws (``lazy_backend/draw_stream.h``): set back, the next draws
+of traced draws (``lazy_backend/ltc_fixes/draw_stream.h``): set back, the next draws
 are the ones already traced from there (the same values, not new draws).
 Only the step's own draws can be replayed: a state from an earlier step
 raises.
@@ -20,7 +20,7 @@ import sys
 import torch
 import torch._lazy
 
-from . import _C
+from ..native import _C
 
 _initialized = True  # torch.utils.checkpoint saves the random state of initialised devices only
 
@@ -74,3 +74,10 @@ def install() -> None:
     """Registers this module as ``torch.lazy`` (once per process)."""
     if getattr(torch, "lazy", None) is None:
         torch._register_device_module("lazy", sys.modules[__name__])
+
+def backing_device() -> str | None:
+    """"cpu" or "cuda" behind the lazy device; None before any backend exists."""
+    try:
+        return torch._C._lazy._get_default_device_type().lower()
+    except RuntimeError:  # "Lazy tensor backend not registered."
+        return None

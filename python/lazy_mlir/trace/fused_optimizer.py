@@ -15,14 +15,14 @@ post-hooks), torch's functional ``torch.optim.adam.adam`` /
 ``torch.optim.sgd.sgd``, which its ``step`` calls once per parameter group,
 is replaced for lazy parameters by one traced ``lazy_mlir::adam_step`` /
 ``lazy_mlir::sgd_step`` node: a builtin node
-(``lazy_backend/builtin_op_node.h``) taking the tensor lists and returning
+(``lazy_backend/nodes/builtin_op_node.h``) taking the tensor lists and returning
 the new lists, written back into the parameters and state in place
-(``lazy_backend/functional_update.h``). The op is the single-tensor
+(``lazy_backend/optimizer/functional_update.h``). The op is the single-tensor
 algorithm (``lowering/fused_optimizer.py``): run eagerly at O0, expanded
 into per-tensor aten ops by the TS -> FX conversion when compiled, which
 Inductor fuses into one kernel per parameter. Adam's step counts are
 advanced and its per-step scalars computed in one C++ call
-(``lazy_backend/adam_scalars.h``), in doubles as Adam does in Python; they
+(``lazy_backend/optimizer/adam_scalars.h``), in doubles as Adam does in Python; they
 enter as one 3-element input per distinct step count (one for a group
 whose parameters all stepped together). (Not aten's ``_fused_adamw``: it computes
 them from the step count inside the op, and Inductor then recomputed the
@@ -68,8 +68,12 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _C, config, layer_groups, metrics, syncs
-from .lowering.fused_optimizer import ADAM_STEP, ADAM_STEP_SCHEMA, SGD_STEP, SGD_STEP_SCHEMA, adam_update, sgd_update
+from .. import config
+from ..cluster import layer_groups
+from ..lowering.fused_optimizer import ADAM_STEP, SGD_STEP  # importing it defines the two ops
+from ..native import _C
+from ..observe import metrics, syncs
+from . import device_module
 
 _active = threading.local()  # .optimizer: the Adam or SGD stepping now, if it is fused
 _excluded: weakref.WeakSet = weakref.WeakSet()
@@ -257,7 +261,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
 
 def _by_layer(params, lists, with_indices=False):
     """``lists`` (each indexed like ``params``, or empty) cut into one piece
-    per marked layer (lazy_mlir.layer_groups), a boundary marked before
+    per marked layer (lazy_mlir.cluster.layer_groups), a boundary marked before
     each: a layer's update is then a group of its own, the same code for
     every layer, and a layer skipped by LayerDrop (no gradient, so not in
     ``params``) changes no other layer's group. One piece when no
@@ -310,7 +314,7 @@ def _unfusable_group(params, fused, amp, grad_scale, found_inf, lr, state_steps=
     """Why a parameter group of any fused optimizer keeps torch's own path
     (None: nothing here stops it). The per-tensor checks (complex or
     non-float parameters, not all on one lazy device, Adam's step counts
-    not on the CPU) are one C++ call: lazy_backend/optimizer_checks.h."""
+    not on the CPU) are one C++ call: lazy_backend/optimizer/optimizer_checks.h."""
     if fused:
         return "fused=True"
     if not amp and (grad_scale is not None or found_inf is not None):
@@ -338,13 +342,12 @@ _lr_on_device: dict = {}  # (lr, device, backing) -> its 0-d float64 lazy tensor
 
 
 def _lr_tensor(lr: float, device: torch.device) -> torch.Tensor:
-    from . import _backing_device
-    key = (lr, device, _backing_device())
+    key = (lr, device, device_module.backing_device())
     if key not in _lr_on_device:
         if len(_lr_on_device) > 64:  # a scheduler's values: keep the recent ones only
             _lr_on_device.clear()
         # pending device data until the step's sync gives it its data
-        # (lazy_backend/pending_data.h): no root of the first step's graph
+        # (lazy_backend/ltc_fixes/pending_data.h): no root of the first step's graph
         _lr_on_device[key] = torch.tensor(lr, dtype=torch.float64).to(device)
     return _lr_on_device[key]
 
@@ -406,37 +409,3 @@ def _trace_update(op: str, arguments: list, updated: list[list[torch.Tensor]]) -
     """Traces ``op`` as one node and writes its Tensor[] results into the
     tensors of ``updated`` (one list per result) in place."""
     _C.trace_update(op, "default", arguments, [t for ts in updated for t in ts], [len(ts) for ts in updated])
-
-
-# ------------------------------------------------------------------ the op
-def _eager_adam_step(*args):
-    """The op run eagerly (O0, or a group left to TorchScript): the same
-    per-tensor math the compiled expansion runs."""
-    with torch.no_grad():
-        return adam_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
-
-
-def _meta_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *rest, grad_scale=None):
-    grad_scale = rest[10] if len(rest) > 10 else grad_scale
-    written = params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, grads if grad_scale is not None else []
-    return tuple([torch.empty_like(t) for t in ts] for ts in written)
-
-
-def _eager_sgd_step(*args):
-    with torch.no_grad():
-        return sgd_update(lambda target, *a, **k: target(*a, **k), *args, dtype_of=lambda t: t.dtype)
-
-
-def _meta_sgd_step(params, grads, momentum_buffers, lr, weight_decay, momentum, *rest, grad_scale=None):
-    grad_scale = rest[4] if len(rest) > 4 else grad_scale
-    return ([torch.empty_like(t) for t in params], [torch.empty_like(t) for t in params] if momentum != 0 else [],
-            [torch.empty_like(t) for t in grads] if grad_scale is not None else [])
-
-
-_LIB = torch.library.Library("lazy_mlir", "FRAGMENT")
-for _schema, _name, _eager, _meta in ((ADAM_STEP_SCHEMA, "adam_step", _eager_adam_step, _meta_adam_step),
-                                      (SGD_STEP_SCHEMA, "sgd_step", _eager_sgd_step, _meta_sgd_step)):
-    _LIB.define(_schema)
-    for _key in ("CPU", "CUDA"):
-        _LIB.impl(_name, _eager, _key)
-    _LIB.impl(_name, _meta, "Meta")

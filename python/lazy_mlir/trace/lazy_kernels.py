@@ -71,7 +71,9 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _C, config, metrics, syncs
+from .. import config
+from ..native import _C
+from ..observe import metrics, syncs
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
@@ -707,7 +709,7 @@ def builtin_ops() -> list[str]:
 def _inplace_pointwise_with_python_meta():
     """In-place pointwise ops (``mul_``, ``addcdiv_``, ``lerp_``...) whose Meta
     kernel is a Python ref: functionalization calls it on every in-place op
-    of a lazy tensor (see lazy_backend/meta_kernels.h)."""
+    of a lazy tensor (see lazy_backend/kernels/meta_kernels.h)."""
     import torch._meta_registrations  # noqa: F401 - registers the Python kernels we replace
 
     for qualified in torch._C._dispatch_get_all_op_names():
@@ -938,7 +940,7 @@ def _register_running_stats_written(op) -> None:
     """LTC's training ``native_batch_norm`` left the running statistics out of
     its IR (updated only as its kernel's side effect: lost, applied twice or
     read stale); a C++ kernel traces the functional variant and gives them
-    its new values (lazy_backend/batch_norm_kernel.h)."""
+    its new values (lazy_backend/ltc_fixes/batch_norm_kernel.h)."""
     _C.register_batch_norm_kernel()
     _REPLACED.add(_qualified(op))
 

@@ -62,7 +62,10 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import _C, capture, config, syncs, transformers_compat
+from .. import config
+from ..native import _C
+from ..observe import syncs
+from . import capture, transformers_compat
 
 SWITCH = "transformers.models.switch_transformers.modeling_switch_transformers"
 NLLB_MOE = "transformers.models.nllb_moe.modeling_nllb_moe"
@@ -204,7 +207,7 @@ def _record(expert: torch.nn.Module, hit: torch.Tensor) -> None:
     if not config.current.moe_eager_grads or not torch.is_grad_enabled():
         return
     if capture.recording():  # a replay would run no Python: no experts hit to read
-        raise RuntimeError("lazy_mlir.moe_experts: eager's None gradients for experts that get no token need "
+        raise RuntimeError("lazy_mlir.trace.moe_experts: eager's None gradients for experts that get no token need "
                            "the forward's Python at each step; init(moe_eager_grads=False) lets a captured "
                            "model replay its experts (zero gradients)")
     params = [p for p in expert.parameters() if p.requires_grad]
@@ -227,7 +230,7 @@ def _before_optimizer_step(optimizer, args, kwargs) -> None:
     if not pending:
         return
     flags = torch.stack([hits for _, hits in pending])
-    with syncs.planned_read("lazy_mlir.moe_experts reads which experts got tokens"):
+    with syncs.planned_read("lazy_mlir.trace.moe_experts reads which experts got tokens"):
         _C.sync_live_tensors(flags)  # forward and backward as one graph: not recomputed for the read
     hit = flags.cpu().tolist()  # data now: no execution
     unhit = [expert for (expert, _), was_hit in zip(pending, hit) if not was_hit]

@@ -35,9 +35,11 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _C, config, layer_groups, metrics, syncs
+from .. import config
+from ..cluster import compilable, layer_groups
+from ..native import _C
+from ..observe import metrics, syncs
 
-settling = False  # a setup graph is being synced: group_compiler compiles nothing
 _settled: weakref.WeakSet = weakref.WeakSet()       # modules decided on (their parameters settled, or none to settle)
 _state_as_data: weakref.WeakSet = weakref.WeakSet()  # optimizers enrolled by prepare()
 _first_steps: dict = {}  # optimizer -> its _StateAsDeviceData mode, during its first step
@@ -137,17 +139,12 @@ def _lazy_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _setup_sync(tensors: list[torch.Tensor]) -> None:
-    """Syncs ``tensors`` as a setup graph: run in TorchScript (group_compiler
-    compiles nothing while ``settling``), left out of the step figures."""
-    global settling
+    """Syncs ``tensors`` as a setup graph: run in TorchScript (nothing
+    compiles while ``compilable.settling``), left out of the step figures."""
     if not tensors:
         return
-    settling = True
-    try:
-        with metrics.setup_graph():
-            _sync_settled(tensors)
-    finally:
-        settling = False
+    with compilable.settling(), metrics.setup_graph():
+        _sync_settled(tensors)
 
 
 def _sync_settled(tensors: list[torch.Tensor]) -> None:
@@ -228,7 +225,7 @@ class _StateAsDeviceData(torch.overrides.TorchFunctionMode):
     """Tensors that an optimizer creates like a lazy parameter (zeros_like,
     ones_like, full_like) are made on the CPU and moved, device data as its
     state is in every later step, instead of a constant in the graph (the
-    step's sync gives them their data: lazy_backend/pending_data.h)."""
+    step's sync gives them their data: lazy_backend/ltc_fixes/pending_data.h)."""
 
     _CREATORS = (torch.zeros_like, torch.ones_like, torch.full_like)
 

@@ -14,7 +14,7 @@ import functools
 
 import torch._lazy
 
-from . import syncs
+from ..observe import syncs
 
 
 def install() -> None:

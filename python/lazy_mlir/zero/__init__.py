@@ -16,7 +16,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from .. import config, fused_optimizer
+from .. import backend, config
+from ..observe import metrics
+from ..trace import fused_optimizer
 from . import ops  # noqa: F401 - registers the marker ops
 from .engine import ZeroEngine
 from .gloo_group import collective_device
@@ -180,21 +182,18 @@ def _agree(group, failure: Exception | None, when: str) -> None:
 
 def _roll_back(model, engine: ZeroEngine | None, saved_config) -> None:
     """The model, its hooks and lazy_mlir's configuration as before initialize()."""
-    import lazy_mlir
-
     if engine is not None:
         engine.detach()
     if engine is not None and getattr(model, _ENGINE_ATTR, None) is engine:
         delattr(model, _ENGINE_ATTR)
     if config.current is not saved_config:  # _use_zero_pipeline installed the zero passes
-        lazy_mlir.init(**dataclasses.asdict(saved_config))
+        backend.init(**dataclasses.asdict(saved_config))
 
 
 def _use_zero_pipeline(engine: ZeroEngine) -> None:
     """Install lazy_mlir's pipeline with the engine's zero passes (before cse,
     which merges the constants they add)."""
     import mlir_passes
-    from lazy_mlir import config
 
     passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline) if not p.name.startswith("zero-")]
     at = passes.index("cse") if "cse" in passes else len(passes)
@@ -229,10 +228,8 @@ def memory_report(model: torch.nn.Module, optimizer: ZeroOptimizer) -> dict[str,
 
 def comm_stats() -> dict[str, int]:
     """Bytes moved by this rank's compiled collectives since the last reset."""
-    from lazy_mlir import metrics
     return metrics.collective_bytes()
 
 
 def reset_comm_stats() -> None:
-    from lazy_mlir import metrics
     metrics.reset_collective_bytes()

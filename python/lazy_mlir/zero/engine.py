@@ -25,6 +25,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from .. import backend, config
 from . import ops
 from .gloo_group import collective_device, collective_group
 
@@ -174,11 +175,8 @@ class ZeroEngine:
         """The pass options are this engine's (stage, budget): switch them in
         if another engine in this process changed them (compiled graphs of
         both stay cached)."""
-        import lazy_mlir
-        from lazy_mlir import config
-
         if self.pipeline is not None and config.current.pipeline != self.pipeline:
-            lazy_mlir.init(**{**dataclasses.asdict(config.current), "pipeline": self.pipeline})
+            backend.init(**{**dataclasses.asdict(config.current), "pipeline": self.pipeline})
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         m = self.by_param[id(p)]

@@ -61,7 +61,7 @@ def _(grad, group_size, group_name, shard_rank):
 
 
 def _install_lazy_kernels() -> torch.library.Library:
-    from ..lazy_kernels import trace_builtin
+    from ..trace.lazy_kernels import trace_builtin
 
     lib = torch.library.Library("lazy_mlir", "IMPL")
     for op in (torch.ops.lazy_mlir.unshard.default, torch.ops.lazy_mlir.reduce_grad.default):
