@@ -19,10 +19,9 @@ import argparse
 import json
 import resource
 import statistics
-import sys
-import time
 
-from child import exit_if_failed, pick_round, run_child
+from harness import Col, Table, check_lazy, emit, exit_if_failed, median_ms, ok_rows, pick_round, \
+    print_loss_diffs, ratio_col, run_child, run_rounds, time_steps
 
 VARIANTS = {  # name -> lazy_mlir.init options (None: eager)
     "eager": None,
@@ -48,7 +47,7 @@ def run_variant(name: str, steps: int, warmup: int, profiled: int) -> dict:
     lazy = options is not None
     if lazy:
         import lazy_mlir
-        from lazy_mlir import _C
+        from lazy_mlir.native import _C
         options = dict(options)
         lazy_mlir.init(options.pop("level"), progress=False, **options)
     cfg = GPTConfig()
@@ -73,19 +72,19 @@ def run_variant(name: str, steps: int, warmup: int, profiled: int) -> dict:
         return loss.item()
 
     batches = list(gpt_batches(cfg, warmup + steps + profiled))
-    times, faults, losses = [], [], []
-    stats0 = None
-    for i, (x, y) in enumerate(batches[:warmup + steps]):
-        if i == warmup and lazy:
-            stats0 = dict(_C.stats())
+    faults, stats0 = [], {}
+
+    def counted(batch):  # a step and its minor page faults
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
-        losses.append(step(x, y))
-        times.append(time.perf_counter() - start)
+        loss = step(*batch)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        return loss
+
+    times, losses = time_steps(counted, batches[:warmup + steps], warmup,
+                               at_warmup=(lambda: stats0.update(_C.stats())) if lazy else None)
     result = {
         "variant": name,
-        "ms_per_step": statistics.median(times[warmup:]) * 1000,
+        "ms_per_step": median_ms(times, warmup),
         "page_faults_per_step": statistics.median(faults[warmup:]),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "losses": losses,
@@ -98,6 +97,9 @@ def run_variant(name: str, steps: int, warmup: int, profiled: int) -> dict:
         result.update(d)
         result["state_tensors"] = timed[-1][1]
         result["state_fresh_per_step"] = statistics.median(f for f, _ in timed)
+        why = check_lazy("O1")  # over all the steps: the metrics are not reset (they hold _C.stats())
+        if why:
+            result["failed"] = why
     # Allocations under the profiler (its overhead stays out of the timings above).
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for x, y in batches[warmup + steps:]:
@@ -123,47 +125,35 @@ def main():
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(args.child, args.steps, args.warmup, args.profiled)))
+        emit(run_variant(args.child, args.steps, args.warmup, args.profiled))
         return
 
-    runs: dict[str, list[dict]] = {}
-    for round_ in range(args.rounds):
-        for name in args.only.split(","):
-            print(f"round {round_ + 1}: running {name} ...", file=sys.stderr, flush=True)
-            runs.setdefault(name, []).append(run_child(__file__, [
-                "--child", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                "--profiled", str(args.profiled)]))
-    results = {n: pick_round(rs) for n, rs in runs.items()}
-    failed = {n: r["failed"] for n, r in results.items() if "failed" in r}
-    ok = {n: r for n, r in results.items() if n not in failed}
-    eager = ok.get("eager", {})
+    results = run_rounds(args.rounds, args.only.split(","), lambda name: run_child(__file__, [
+        "--child", name, "--steps", str(args.steps), "--warmup", str(args.warmup), "--profiled", str(args.profiled)]),
+        label=lambda name: f"running {name}", pick=pick_round)
+    ok = ok_rows(results)
     print(f"\nGPT-mini + AdamW step: {args.steps} timed steps after {args.warmup} warm-up (medians), allocations "
           f"over {args.profiled} profiled steps, median of {args.rounds} interleaved round(s)")
-    print(f"{'variant':<14}{'ms/step':>9}{'/eager':>8}{'faults':>8}{'RSS MB':>8}{'/eager':>8}{'allocs':>8}"
-          f"{'MB':>8}{'>=64K':>7}{'MB':>8}{'fresh state':>13}{'in place':>10}{'MB':>7}{'copies':>8}")
-    for n, r in results.items():
-        if n in failed:
-            print(f"{n:<14}  FAILED: {failed[n]}")
-            continue
-        lazy = "state_tensors" in r
-        print(f"{n:<14}{r['ms_per_step']:>9.1f}{r['ms_per_step'] / eager.get('ms_per_step', float('nan')):>8.2f}"
-              f"{r['page_faults_per_step']:>8.0f}{r['peak_rss_mb']:>8.0f}"
-              f"{r['peak_rss_mb'] / eager.get('peak_rss_mb', float('nan')):>8.2f}"
-              f"{r['allocs_per_step']:>8.0f}{r['alloc_mb_per_step']:>8.1f}{r['large_allocs_per_step']:>7.0f}"
-              f"{r['large_alloc_mb_per_step']:>8.1f}"
-              + (f"{r['state_fresh_per_step']:>7.0f} of {r['state_tensors']:<3}{r['outputs_in_place']:>6.0f} of "
-                 f"{r['group_outputs']:<3.0f}{r['in_place_bytes'] / 2**20:>7.1f}{r['donor_copies']:>8.1f}"
-                 if lazy else ""))
+
+    def lazy(cell):  # a column of the lazy rows only
+        return lambda r: cell(r) if "state_tensors" in r else None
+    table = Table([
+        Col("ms/step", 9, "ms_per_step"), ratio_col(ok, "eager", "/eager", 8),
+        Col("faults", 8, "page_faults_per_step", ".0f"), Col("RSS MB", 8, "peak_rss_mb", ".0f"),
+        ratio_col(ok, "eager", "/eager", 8, key="peak_rss_mb"), Col("allocs", 8, "allocs_per_step", ".0f"),
+        Col("MB", 8, "alloc_mb_per_step"), Col(">=64K", 7, "large_allocs_per_step", ".0f"),
+        Col("MB", 8, "large_alloc_mb_per_step"),
+        Col("fresh state", 13, lazy(lambda r: f"{r['state_fresh_per_step']:>7.0f} of {r['state_tensors']:<3}")),
+        Col("in place", 10, lazy(lambda r: f"{r['outputs_in_place']:>6.0f} of {r['group_outputs']:<3.0f}")),
+        Col("MB", 7, lazy(lambda r: r["in_place_bytes"] / 2**20)), Col("copies", 8, lazy(lambda r: r["donor_copies"]))])
+    table.print(results)
     print("  faults: minor page faults; allocs/MB: CPU allocator allocations per step (all, and >= 64 KiB); "
           "fresh state: parameters and AdamW moments whose data came back in a new buffer; in place: group "
           "outputs written into a donated input (and MB); copies: donated inputs cloned because still in use")
-    if "eager" in ok:
-        for n, r in ok.items():
-            diff = max(abs(a - b) for a, b in zip(eager["losses"], r["losses"]))
-            print(f"  max |loss - eager loss| {n:<14} {diff:.2e}")
+    print_loss_diffs(ok, "eager", 14)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
-    exit_if_failed(failed)
+    exit_if_failed(table.failed)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ activations, gradients, temporaries; eager's and torch.compile's allocations are
 there, so they get no figure), the graph executions a step, and each
 variant's largest difference of its losses to eager's (dropout 0.1: the
 lazy recompute must draw the forward's masks again,
-lazy_backend/draw_stream.h; torch.compile and fast_rng draw other masks). A lazy variant
+lazy_backend/ltc_fixes/draw_stream.h; torch.compile and fast_rng draw other masks). A lazy variant
 that ran an op eagerly or a group in TorchScript prints FAILED.
 
     .venv/bin/python benchmarks/checkpointing.py [--model llama] [--size base] [--steps 8] [--fast-rng]
@@ -33,23 +33,20 @@ import time
 import torch
 
 import lazy_mlir
-from lazy_mlir import _C, metrics
-from taking_turns import finish_step, run_in_turns, timed_row
+from lazy_mlir.native import _C
+from lazy_mlir.observe import metrics
+from harness import TurnVariant, exit_if_failed, run_in_turns, turn_rows
 
 LAZY = torch.device("lazy")
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "models")
 
 
-class Variant:
+class Variant(TurnVariant):
     def __init__(self, name, model, spec, device, checkpointed):
-        self.name, self.spec, self.device = name, spec, device
         if checkpointed:
             model.activation_checkpointing_enable()
-        self.model = model.to(device).train()
-        self.opt = spec.optimizer(self.model)
-        self.forward = torch.compile(self.model) if name.startswith("torch.compile") else self.model
-        self.seconds, self.losses, self.per_step = [], [], []
-        self.peak_bytes = None
+        super().__init__(name, model, device, spec.optimizer)
+        self.spec, self.peak_bytes = spec, None
 
     def step(self, batch, timed: bool) -> None:
         if self.device == LAZY:
@@ -57,7 +54,7 @@ class Variant:
         torch.manual_seed(1234 + len(self.losses))  # each variant's step i draws the same masks
         start = time.perf_counter()
         loss = self.spec.loss(self.forward, *(t.to(self.device) for t in batch))
-        finish_step(self, loss, start, timed)
+        self.finish_step(loss, start, timed)
 
     def measure_memory(self, batch) -> None:
         """The peak of the compiled code's buffers during one step, above
@@ -96,23 +93,18 @@ def main() -> None:
     for variant in variants:
         if variant.device == LAZY:
             variant.measure_memory(data[0])
-    eager = statistics.median(variants[0].seconds)
     rng = ", fast_rng" if args.fast_rng else ""
     print(f"\n{args.model} ({args.size}, dropout {args.dropout}{rng}), AdamW fp32; median of {args.steps} steps "
           f"after {args.warmup}, turns of {args.turn}")
-    failed = False
-    for variant in variants:
-        line = timed_row(variant, eager, 28)
-        if line is None:
-            failed = True
-            continue
+
+    def extra(variant) -> str:
+        line = ""
         if variant.per_step:
             execs = statistics.mean(s["graph_executions"] for s in variant.per_step)
             line += f"  step's buffers' peak {variant.peak_bytes / 2**20:6.1f} MiB  {execs:.1f} graph executions a step"
         differences = [abs(a - b) for a, b in zip(variant.losses, variants[0].losses)]
-        line += f"  |loss - eager| <= {max(differences):.1e}"
-        print(line)
-    sys.exit(1 if failed else 0)
+        return line + f"  |loss - eager| <= {max(differences):.1e}"
+    exit_if_failed(turn_rows(variants, 28, extra))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ Per variant: import seconds, wall seconds of steps 0 and 1 (with
 step 1 compiles again), compile seconds over the first
 ``--compile-steps`` steps (their wall time above the steady step's), and for
 lazy_mlir the seconds by stage (metrics ``stage.*``) and the group-cache
-outcomes. A variant whose groups fell back to TorchScript gets no figures.
+outcomes. A variant that failed, or a lazy one that ran a group in
+TorchScript or an op eagerly, or whose last step ran no generated code,
+prints FAILED instead of figures, and the script exits 1.
 
     .venv/bin/python benchmarks/compile.py [--steps 5] [--only lazy_cold,lazy_warm] [--no-auto-prepare] [--json compile.json]
 """
@@ -34,10 +36,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from harness import Col, Table, cache_env, emit, excess_s, exit_if_failed, not_compiled, ok_rows, \
+    print_loss_diffs, run_child
 
 # variant -> (lazy_mlir cache folder, Inductor cache folder, lazy_mlir.init options); folders by name
 VARIANTS = {
@@ -62,7 +66,7 @@ def child(variant: str, steps: int, auto_prepare: bool) -> dict:
     lazy = options is not None
     if lazy:
         import lazy_mlir
-        from lazy_mlir import metrics
+        from lazy_mlir.observe import metrics
         lazy_mlir.init("O1", progress=False, auto_prepare=auto_prepare, **options)
     result = {"variant": variant, "import_s": time.perf_counter() - start, "steps": []}
     cfg = GPTConfig()
@@ -86,36 +90,35 @@ def child(variant: str, steps: int, auto_prepare: bool) -> dict:
             step.update(seconds=s["seconds"], stage_runs=s["stage_runs"], fallen_back=s["groups_fallen_back"],
                         cache={"hits": s["group_cache_hits"], "disk_hits": s["group_cache_disk_hits"],
                                "misses": s["group_cache_misses"]})
+            why = not_compiled(s, "O1")
+            # FAILED: a group in TorchScript or an op run eagerly in any step, no generated code run in the last
+            if why and (s["groups_fallen_back"] or s["fallback_count"] or len(result["steps"]) == steps - 1):
+                result.setdefault("failed", why)
         result["steps"].append(step)
     return result
 
 
 def run_variant(variant: str, steps: int, folders: dict, auto_prepare: bool) -> dict:
     lazy_dir, inductor_dir, _ = VARIANTS[variant]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHINDUCTOR_CACHE_DIR": folders[inductor_dir]}
-    if lazy_dir is not None:
-        env["LAZY_MLIR_CACHE_DIR"] = folders[lazy_dir]
+    env = {"PYTHONWARNINGS": "ignore", **cache_env(folders.get(lazy_dir), folders[inductor_dir])}
     flags = [] if auto_prepare else ["--no-auto-prepare"]
-    proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(steps), *flags],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        return {"variant": variant, "error": proc.stderr[-3000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, ["--child", variant, "--steps", str(steps), *flags], env)
 
 
 def summarize(result: dict, compile_steps: int) -> dict:
+    if "failed" in result:
+        return {"failed": result["failed"]}
     steps = result["steps"]
     walls = [s["wall_s"] for s in steps]
     steady = statistics.median(walls[compile_steps:]) if len(walls) > compile_steps else min(walls)
     summary = {"import_s": result["import_s"], "step0_s": walls[0], "step1_s": walls[1] if len(walls) > 1 else None,
-               "compile_s": sum(max(0.0, w - steady) for w in walls[:compile_steps]), "steady_ms": steady * 1000,
+               "compile_s": excess_s(walls[:compile_steps], steady), "steady_ms": steady * 1000,
                "losses": [s["loss"] for s in steps]}
     if "seconds" in steps[0]:
         first = steps[:compile_steps]
         summary["stages"] = {k: sum(s["seconds"].get(f"stage.{k}", 0.0) for s in first) for k in STAGES}
         summary["stage_runs"] = {k: sum(s["stage_runs"].get(k, 0) for s in first) for k in STAGES}
         summary["cache"] = {k: sum(s["cache"][k] for s in first) for k in ("hits", "disk_hits", "misses")}
-        summary["fallen_back"] = {k: v for s in steps for k, v in s["fallen_back"].items()}
     return summary
 
 
@@ -131,7 +134,7 @@ def main():
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.auto_prepare)))
+        emit(child(args.child, args.steps, args.auto_prepare))
         return
 
     root = tempfile.mkdtemp(prefix="lazy_mlir_compile_bench_")
@@ -142,49 +145,42 @@ def main():
         for variant in args.only.split(","):
             print(f"running {variant} ...", file=sys.stderr, flush=True)
             raw = run_variant(variant, args.steps, folders, args.auto_prepare)
-            if "error" in raw:
-                print(f"  {variant} failed:\n{raw['error']}", file=sys.stderr)
-                continue
             results[variant] = {"raw": raw, "summary": summarize(raw, args.compile_steps)}
     finally:
         if args.keep:
             print(f"cache folders kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    report(results, args.compile_steps)
+    failed = report({v: r["summary"] for v, r in results.items()}, args.compile_steps)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nJSON: {args.json}")
+    exit_if_failed(failed)
 
 
-def report(results: dict, compile_steps: int) -> None:
-    reference = results.get("torch_compile_cold", {}).get("summary", {}).get("compile_s")
-    cold = results.get("lazy_cold", {}).get("summary", {}).get("step0_s")
+def report(summaries: dict, compile_steps: int) -> dict:
+    """Prints the tables; returns the failed variants' reasons."""
+    ok = ok_rows(summaries)
+    reference = ok.get("torch_compile_cold", {}).get("compile_s")
+    cold = ok.get("lazy_cold", {}).get("step0_s")
     print(f"\nGPT-mini first steps (compile s = wall time of the first {compile_steps} steps above the steady step)")
-    print(f"{'variant':<24}{'import s':>9}{'step0 s':>9}{'step1 s':>9}{'compile s':>10}{'/torch.compile':>15}"
-          f"{'step0/cold':>11}{'steady ms':>10}  group cache (hits/disk/misses)")
-    for variant, r in results.items():
-        s = r["summary"]
-        if s.get("fallen_back"):
-            print(f"{variant:<24}  no figures: groups fell back to TorchScript: {s['fallen_back']}")
-            continue
-        ratio = f"{s['compile_s'] / reference:.2f}" if reference else "-"
-        vs_cold = f"{s['step0_s'] / cold:.2f}" if cold and variant.startswith("lazy") else "-"
-        cache = "/".join(str(s["cache"][k]) for k in ("hits", "disk_hits", "misses")) if "cache" in s else ""
-        print(f"{variant:<24}{s['import_s']:>9.1f}{s['step0_s']:>9.1f}{s['step1_s'] or 0:>9.1f}{s['compile_s']:>10.1f}"
-              f"{ratio:>15}{vs_cold:>11}{s['steady_ms']:>10.0f}  {cache}")
+    table = Table([
+        Col("import s", 9, "import_s"), Col("step0 s", 9, "step0_s"), Col("step1 s", 9, lambda s: s["step1_s"] or 0),
+        Col("compile s", 10, "compile_s"),
+        Col("/torch.compile", 15, lambda s: f"{s['compile_s'] / reference:.2f}" if reference else "-"),
+        Col("step0/cold", 11, lambda s: f"{s['step0_s'] / cold:.2f}" if cold and "stages" in s else "-"),
+        Col("steady ms", 10, "steady_ms", ".0f"),
+        Col("  group cache (hits/disk/misses)", 0,
+            lambda s: "  " + "/".join(str(s["cache"][k]) for k in ("hits", "disk_hits", "misses")) if "cache" in s
+            else "  ")], names=(("variant", 24),))
+    table.print(summaries)
     print(f"\nlazy_mlir seconds by stage over the first {compile_steps} steps (runs in parentheses)")
     print(f"{'variant':<24}" + "".join(f"{k:>16}" for k in STAGES))
-    for variant, r in results.items():
-        s = r["summary"]
-        if "stages" in s and not s.get("fallen_back"):
+    for variant, s in ok.items():
+        if "stages" in s:
             print(f"{variant:<24}" + "".join(f"{s['stages'][k]:>11.1f} ({s['stage_runs'][k]:>2})" for k in STAGES))
-    base = results.get("lazy_cold", {}).get("summary", {}).get("losses")
-    if base:
-        for variant, r in results.items():
-            losses = r["summary"]["losses"]
-            diff = max(abs(a - b) for a, b in zip(base, losses))
-            print(f"  max |loss - lazy_cold loss| {variant:<24} {diff:.2e}")
+    print_loss_diffs(ok, "lazy_cold", 24)
+    return table.failed
 
 
 if __name__ == "__main__":

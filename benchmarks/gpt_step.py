@@ -5,11 +5,11 @@ torch.compile(model) with the optimizer step eager, torch.compile(model) with
 torch.compile(optimizer.step), the stock torch._lazy TorchScript backend, and
 lazy_mlir O0/O1/O2, O1 without Config.fuse_optimizer (AdamW traced op by op instead of as one
 node), and O1 with the model captured (lazy_mlir.capture: forward and backward recorded once,
-replayed as one IR node each). Eager and torch.compile run on the device that backs lazy_mlir's (lazy_step.backing_device()). Prints a table and writes JSON:
+replayed as one IR node each). Eager and torch.compile run on the device that backs lazy_mlir's (harness.backing_device()). Prints a table and writes JSON:
 median ms/step after warm-up, ratios to eager and to each torch.compile row,
 peak RSS, compile seconds (warm-up time above the median), graph executions
 and eager fallbacks per step, and for lazy_mlir rows the step's split into
-trace / ltc / compile / glue / kernels (defined in benchmarks/lazy_step.py).
+trace / ltc / compile / glue / kernels (defined in benchmarks/harness.py).
 
 With --paired, the timings come from one process instead: eager, the
 torch.compile rows and one lazy_mlir row take turns step by step, so that
@@ -30,14 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
-import sys
-import tempfile
-import time
 
-from child import exit_if_failed, pick_round, run_child
-from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device,
-                       not_captured, not_compiled, ratio_cells, split_cells, take_turns)
+from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, check_lazy, emit, empty_caches,
+                     excess_s, exit_if_failed, median_ms, ok_rows, pick_round, print_loss_diffs, ratio_cols,
+                     run_child, run_rounds, split_cols, take_turns, time_steps)
 
 VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
             "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs", "lazy_mlir_O2"]
@@ -87,30 +83,31 @@ def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
     return step, cfg
 
 
+def _lazy_failure(variant: str, steps: int) -> str | None:
+    """Why a lazy_mlir row's timed steps did not all run generated code (or
+    replay a captured model's forward); None when they did."""
+    return check_lazy(LAZY_MLIR_ROWS[variant][0], steps if variant in CAPTURED_ROWS else None)
+
+
 def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
     """Runs in the child process. ``init_options`` go to lazy_mlir.init()."""
-    from lazy_mlir import metrics
+    from lazy_mlir.observe import metrics
     from lazy_mlir.models import gpt_batches
 
     split = StepSplit() if variant.startswith("lazy_mlir") else None
     step, cfg = _step_fn(variant, init_options or {}, split)
-    times, losses = [], []
-    for i, (x, y) in enumerate(gpt_batches(cfg, warmup + steps)):
-        if split:
-            if i == warmup:
-                warm_up = metrics.snapshot()
-                metrics.reset()
-            split.begin()
-        start = time.perf_counter()
-        losses.append(step(x, y))
-        times.append(time.perf_counter() - start)
-        if split:
-            split.end(start)
-    median = statistics.median(times[warmup:])
+    warm_up = {}
+
+    def at_warmup():
+        warm_up.update(metrics.snapshot())
+        metrics.reset()
+    times, losses = time_steps(lambda batch: step(*batch), gpt_batches(cfg, warmup + steps), warmup, split,
+                               at_warmup if split else None)
+    median = median_ms(times, warmup)
     result = {
         "variant": variant,
-        "ms_per_step": median * 1000,
-        "compile_s": sum(max(0.0, t - median) for t in times[:warmup]),
+        "ms_per_step": median,
+        "compile_s": excess_s(times[:warmup], median / 1000),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "steps": steps,
         "final_loss": losses[-1],
@@ -125,8 +122,7 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
             # cold: groups compiled in this process (its RSS holds the compiler); warm: all from the cache
             "cache": "cold" if warm_up["group_cache_misses"] else "warm",
         })
-        why = not_compiled(s, LAZY_MLIR_ROWS[variant][0]) or (
-            not_captured(s, steps) if variant in CAPTURED_ROWS else None)
+        why = _lazy_failure(variant, steps)
         if why:
             result["failed"] = why
     elif variant == "ts_lazy":
@@ -142,7 +138,6 @@ PAIRED_DEFAULT = "eager,compile_model,compile_model_opt,lazy_mlir_O1"
 def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict) -> dict[str, dict]:
     """All ``variants`` in this process, one step of each in turn (at most
     one lazy_mlir row: the lazy backend is one per process)."""
-    from lazy_mlir import metrics
     from lazy_mlir.models import gpt_batches
 
     lazy_rows = [v for v in variants if v.startswith(("lazy_mlir", "ts_lazy"))]
@@ -155,43 +150,29 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     for v, r in results.items():
         r.update(variant=v, steps=steps)
         if v in LAZY_MLIR_ROWS:
-            s = metrics.snapshot()
-            why = not_compiled(s, LAZY_MLIR_ROWS[v][0]) or (not_captured(s, steps) if v in CAPTURED_ROWS else None)
+            why = _lazy_failure(v, steps)
             if why:
                 r["failed"] = why
     return results
 
 
 NAME = max(map(len, VARIANTS)) + 1  # the variant column's width
-RATIO_HEADER = f"{'variant':<{NAME}}{'ms/step':>9}{RATIO_COLUMNS}"
 
 
-def _ratio_cells(ms: float, ok: dict[str, dict]) -> str:
-    return f"{ms:>9.1f}{ratio_cells(ms, ok)}"
-
-
-def _print_loss_diffs(ok: dict[str, dict]) -> None:
-    if "eager" in ok:
-        for v, r in ok.items():
-            diff = max(abs(a - b) for a, b in zip(ok["eager"]["losses"], r["losses"]))
-            print(f"  max |loss - eager loss| {v:<{NAME}} {diff:.2e}")
-
-
-def print_paired(results: dict[str, dict], steps: int, warmup: int) -> None:
-    ok = {v: r for v, r in results.items() if "failed" not in r}
+def print_paired(results: dict[str, dict], steps: int, warmup: int) -> dict[str, str]:
+    """Prints the --paired table; returns the failed rows' reasons."""
+    ok = ok_rows(results)
     print(f"\nGPT-mini step on {backing_device()}, all rows in one process taking turns step by step, "
           f"{steps} timed steps after {warmup} warm-up (medians, ms)")
-    print(f"{RATIO_HEADER}{'graph':>8}{'matmul':>8}{'outside':>9}")
-    for v, r in results.items():
-        if v not in ok:
-            print(f"{v:<{NAME}}  FAILED: {r['failed']}")
-            continue
-        p = r["paired_ms"]
-        print(f"{v:<{NAME}}{_ratio_cells(r['ms_per_step'], ok)}{p['graph']:>8.1f}{p['matmul']:>8.1f}{p['outside']:>9.1f}")
+    table = Table([Col("ms/step", 9, "ms_per_step"), *ratio_cols(ok),
+                   *(Col(part, width, lambda r, part=part: r["paired_ms"][part])
+                     for part, width in (("graph", 8), ("matmul", 8), ("outside", 9)))], names=(("variant", NAME),))
+    table.print(results)
     print("  graph: inside Inductor-generated code (kernels and their wrapper); matmul: its mm/addmm/bmm calls "
           "(nan: a C++ wrapper calls them out of Python's sight); outside: the rest of the step (Python, autograd, "
           "lazy tracing, LTC)")
-    _print_loss_diffs(ok)
+    print_loss_diffs(ok, "eager", NAME)
+    return table.failed
 
 
 def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None,
@@ -202,8 +183,8 @@ def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict 
             "--init-options", json.dumps(init_options or {})]
     if not cold:
         return run_child(__file__, args)
-    with tempfile.TemporaryDirectory(prefix="lazy_mlir_cold_cache_") as cache_dir:
-        return run_child(__file__, args, {"LAZY_MLIR_CACHE_DIR": cache_dir})
+    with empty_caches("lazy_mlir_cold_cache_", inductor=False) as env:
+        return run_child(__file__, args, env)
 
 
 def main():
@@ -224,57 +205,46 @@ def main():
     parser.add_argument("--init-options", default="{}", help="JSON dict for lazy_mlir.init()")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options))))
+        emit(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options)))
         return
     if args.paired:
         results = run_paired((args.only or PAIRED_DEFAULT).split(","), args.steps, args.warmup,
                              json.loads(args.init_options))
-        print_paired(results, args.steps, args.warmup)
+        failed = print_paired(results, args.steps, args.warmup)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-        exit_if_failed({v: r["failed"] for v, r in results.items() if "failed" in r})
+        exit_if_failed(failed)
         return
 
+    def run(variant):
+        # The stock TS backend takes seconds per step (eager fallbacks): fewer steps, one round.
+        steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
+        return run_in_subprocess(variant, steps, warmup, json.loads(args.init_options), args.cold_cache)
     # Timings on these machines drift: interleave the variants round by round
     # and keep, per variant, the round with the median step time.
-    runs: dict[str, list[dict]] = {}
-    for round_ in range(args.rounds):
-        for variant in (args.only or ",".join(VARIANTS)).split(","):
-            if variant == "ts_lazy" and round_ > 0:
-                continue  # seconds per step: one round is enough for this baseline
-            print(f"round {round_ + 1}: running {variant} ...", file=sys.stderr, flush=True)
-            # The stock TS backend takes seconds per step (eager fallbacks): fewer steps.
-            steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
-            runs.setdefault(variant, []).append(run_in_subprocess(variant, steps, warmup, json.loads(args.init_options),
-                                                                  args.cold_cache))
-    results = {v: pick_round(rs) for v, rs in runs.items()}
-    failed = {v: r["failed"] for v, r in results.items() if "failed" in r}
-
-    ok = {v: r for v, r in results.items() if v not in failed}
+    results = run_rounds(args.rounds, (args.only or ",".join(VARIANTS)).split(","), run,
+                         label=lambda v: f"running {v}", once={"ts_lazy"}, pick=pick_round)
+    ok = ok_rows(results)
     print(f"\nGPT-mini step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved round(s)")
-    print(f"{RATIO_HEADER}{'compile s':>10}{'RSS MB':>8}{'cache':>6}{'exec/step':>10}{'fallb/step':>11}{SPLIT_HEADER}{'loss':>9}")
-    for v, r in results.items():
-        if v in failed:
-            print(f"{v:<{NAME}}  FAILED: {failed[v]}")
-            continue
-        print(f"{v:<{NAME}}{_ratio_cells(r['ms_per_step'], ok)}"
-              f"{r['compile_s']:>10.1f}{r['peak_rss_mb']:>8.0f}{r.get('cache', '-'):>6}"
-              f"{r.get('executions_per_step', float('nan')):>10.2f}"
-              f"{r.get('fallbacks_per_step', float('nan')):>11.2f}{split_cells(r.get('split_ms'))}"
-              f"{r['final_loss']:>9.4f}")
+    table = Table([Col("ms/step", 9, "ms_per_step"), *ratio_cols(ok), Col("compile s", 10, "compile_s"),
+                   Col("RSS MB", 8, "peak_rss_mb", ".0f"), Col("cache", 6, lambda r: r.get("cache", "-")),
+                   Col("exec/step", 10, lambda r: r.get("executions_per_step", NAN), ".2f"),
+                   Col("fallb/step", 11, lambda r: r.get("fallbacks_per_step", NAN), ".2f"), *split_cols(),
+                   Col("loss", 9, "final_loss", ".4f")], names=(("variant", NAME),))
+    table.print(results)
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
-          "torch.compile(optimizer.step); split columns (ms, medians): see benchmarks/lazy_step.py")
+          "torch.compile(optimizer.step); split columns (ms, medians): see benchmarks/harness.py")
     print("  cache: cold, the row compiled its groups (its peak RSS holds torch-mlir and Inductor's compiler); "
           "warm, it loaded them from lazy_mlir's compile cache as native code (--cold-cache: always cold)")
     if "ts_lazy" in ok:
         print("  ts_lazy: the stock torch._lazy TorchScript backend, q/k/v sliced (its split returns CPU "
               f"tensors), {ok['ts_lazy']['steps']} timed steps")
-    _print_loss_diffs(ok)
+    print_loss_diffs(ok, "eager", NAME)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nJSON: {args.json}")
-    exit_if_failed(failed)
+    exit_if_failed(table.failed)
 
 
 if __name__ == "__main__":

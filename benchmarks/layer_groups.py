@@ -29,13 +29,10 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 
-from child import exit_if_failed, run_child
-from lazy_step import not_compiled, take_turns
+from harness import cache_env, check_lazy, emit, exit_if_failed, median_ms, run_child, take_turns, time_steps
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ("gpt2", "bert", "llama", "vit")
@@ -81,27 +78,23 @@ def _per_layer(groups_per_graph: dict) -> str | None:
 def cold(name: str, size: str, choice: str, steps: int) -> dict:
     """Runs in the child: one model trained with layer_groups=``choice``."""
     import lazy_mlir
-    from lazy_mlir import metrics
+    from lazy_mlir.observe import metrics
     lazy_mlir.init("O1", layer_groups=choice)
     build, loss_of, batches = _model_and_batches(name, size, steps)
-    step = _step(*build(), loss_of)
-    seconds = []
-    for batch in batches:
-        start = time.perf_counter()
-        step(batch)
-        seconds.append(time.perf_counter() - start)
+    seconds, _ = time_steps(_step(*build(), loss_of), batches)
     s = metrics.snapshot()
-    why = not_compiled(s, "O1") or (_per_layer(s["groups_per_graph"]) if choice == "on" else None)
+    why = check_lazy("O1", snapshot=s) or (_per_layer(s["groups_per_graph"]) if choice == "on" else None)
     if why:
         return {"failed": why}
-    return {"first_step_s": seconds[0], "warm_ms": statistics.median(seconds[steps // 2:]) * 1000,
+    return {"first_step_s": seconds[0], "warm_ms": median_ms(seconds, steps // 2),
             "group_compiles": s["group_cache_misses"], "groups": sum(s["groups_per_graph"].values())}
 
 
 def paired(name: str, size: str, steps: int, warmup: int, block: int) -> dict:
     """Runs in the child: an "off" and an "on" copy taking turns."""
     import lazy_mlir
-    from lazy_mlir import config, metrics
+    from lazy_mlir import config
+    from lazy_mlir.observe import metrics
     lazy_mlir.init("O1", layer_groups="off")
     build, loss_of, batches = _model_and_batches(name, size, warmup + steps)
     rows = {}
@@ -115,7 +108,7 @@ def paired(name: str, size: str, steps: int, warmup: int, block: int) -> dict:
     config.current.layer_groups = "off"
     why = _per_layer(metrics.snapshot()["groups_per_graph"])
     results = take_turns(rows, batches[1:], warmup, block)
-    why = why or not_compiled(metrics.snapshot(), "O1")
+    why = why or check_lazy("O1")
     if why:
         return {"failed": why}
     diff = max(abs(a - b) for a, b in zip(results["off"]["losses"], results["on"]["losses"]))
@@ -136,9 +129,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         name, what = args.child
-        result = (paired(name, args.size, args.steps, args.warmup, args.block) if what == "paired"
-                  else cold(name, args.size, what, args.cold_steps))
-        print(json.dumps(result))
+        emit(paired(name, args.size, args.steps, args.warmup, args.block) if what == "paired"
+             else cold(name, args.size, what, args.cold_steps))
         return
     common = ["--size", args.size, "--steps", str(args.steps), "--warmup", str(args.warmup), "--block",
               str(args.block), "--cold-steps", str(args.cold_steps)]
@@ -147,13 +139,12 @@ def main() -> None:
         folders = {c: tempfile.mkdtemp(prefix=f"layer_groups_{c}_") for c in CHOICES}
         try:
             for choice in CHOICES:
-                env = {"LAZY_MLIR_CACHE_DIR": f"{folders[choice]}/lazy_mlir",
-                       "TORCHINDUCTOR_CACHE_DIR": f"{folders[choice]}/inductor"}
+                env = cache_env(f"{folders[choice]}/lazy_mlir", f"{folders[choice]}/inductor")
                 results[name, choice] = run_child(__file__, ["--child", name, choice, *common], env=env)
             shutil.copytree(folders["on"], folders["off"], dirs_exist_ok=True)  # both copies' code, warm
             results[name, "paired"] = run_child(__file__, ["--child", name, "paired", *common],
-                                                env={"LAZY_MLIR_CACHE_DIR": f"{folders['off']}/lazy_mlir",
-                                                     "TORCHINDUCTOR_CACHE_DIR": f"{folders['off']}/inductor"})
+                                                env=cache_env(f"{folders['off']}/lazy_mlir",
+                                                              f"{folders['off']}/inductor"))
         finally:
             for folder in folders.values():
                 shutil.rmtree(folder, ignore_errors=True)

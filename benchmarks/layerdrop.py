@@ -8,19 +8,15 @@ compile cache (every run compiles cold). Prints each step's time, the step
 graphs compiled (one per new skip pattern), the groups compiled and served
 from the cache, and the largest loss difference to eager. A variant that
 fell back to TorchScript or eager, or whose steps did not all run
-generated code, prints FAILED instead of figures.
+generated code, prints FAILED instead of figures, and the script exits 1.
 
     .venv/bin/python benchmarks/layerdrop.py [--steps 8] [--layers 4] [--layerdrop 0.3] [--only auto]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import tempfile
-import time
 
-from child import exit_if_failed, run_child
+from harness import check_lazy, emit, empty_caches, exit_if_failed, run_child, time_steps
 
 VARIANTS = ("off", "auto")
 
@@ -30,7 +26,7 @@ def child(layer_groups: str, steps: int, layers: int, layerdrop: float) -> dict:
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
     import lazy_mlir
-    from lazy_mlir import metrics
+    from lazy_mlir.observe import metrics
 
     lazy_mlir.init("O1", layer_groups=layer_groups)
     config = M2M100Config(vocab_size=128, d_model=32, encoder_layers=layers, decoder_layers=layers,
@@ -48,25 +44,25 @@ def child(layer_groups: str, steps: int, layers: int, layerdrop: float) -> dict:
         src = torch.randint(3, 128, (2, 12), generator=g).to(device)
         tgt = torch.randint(3, 128, (2, 10), generator=g).to(device)
         torch.manual_seed(5)  # the skip patterns
-        losses, seconds = [], []
-        for _ in range(steps):
-            start = time.perf_counter()
+
+        def step(_):
             loss = model(input_ids=src, labels=tgt).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
             if device.type == "lazy":
                 torch._lazy.mark_step()
-            losses.append(loss.item())
-            seconds.append(time.perf_counter() - start)
+            return loss.item()
+        seconds, losses = time_steps(step, range(steps))
         return losses, seconds
 
     eager, _ = train(torch.device("cpu"))
     metrics.reset()
     lazy, seconds = train(torch.device("lazy"))
     s = metrics.snapshot()
-    if s["fallback_count"] or s["groups_fallen_back"] or s["compiled_group_calls"] == 0:
-        raise RuntimeError(f"not compiled: {metrics.report()}")
+    why = check_lazy("O1", snapshot=s)
+    if why:
+        return {"failed": why}
     return {"seconds": seconds, "graph_compiles": s["compiles"], "group_misses": s["group_cache_misses"],
             "group_hits": s["group_cache_hits"], "groups": sum(s["groups_per_graph"].values()),
             "max_loss_diff": max(abs(a - b) for a, b in zip(eager, lazy))}
@@ -81,18 +77,21 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.layers, args.layerdrop)))
+        emit(child(args.child, args.steps, args.layers, args.layerdrop))
         return
-    results, failed = {}, {}
+    results = {}
     for variant in (args.only.split(",") if args.only else VARIANTS):
-        with tempfile.TemporaryDirectory() as cache:
-            result = run_child(__file__, ["--child", variant, "--steps", str(args.steps), "--layers",
-                                          str(args.layers), "--layerdrop", str(args.layerdrop)],
-                               env={"LAZY_MLIR_CACHE_DIR": cache, "TORCHINDUCTOR_CACHE_DIR": cache})
-        (failed if "failed" in result else results)[variant] = result.get("failed", result)
+        with empty_caches() as env:
+            results[variant] = run_child(__file__, ["--child", variant, "--steps", str(args.steps), "--layers",
+                                                    str(args.layers), "--layerdrop", str(args.layerdrop)], env)
     print(f"\nM2M100, {args.layers}+{args.layers} layers, layerdrop {args.layerdrop}, {args.steps} steps, cold "
           f"(seconds per step; graph compiles = skip patterns traced; group compiles / cache hits)")
+    failed = {}
     for variant, r in results.items():
+        if "failed" in r:
+            failed[variant] = r["failed"]
+            print(f"  layer_groups={variant:<5} FAILED: {r['failed']}")
+            continue
         steps = " ".join(f"{t:.2f}" for t in r["seconds"])
         print(f"  layer_groups={variant:<5} total {sum(r['seconds']):7.1f} s  steps [{steps}]  "
               f"graph compiles {r['graph_compiles']}  group compiles {r['group_misses']} / hits {r['group_hits']}  "

@@ -9,11 +9,11 @@ baseline: torch.compile of the loss function with torch.compile(optimizer.step)
 Each (model, variant) runs in its own subprocess, all in one invocation and
 interleaved round by round, so the ratios are measured side by side. Eager
 and torch.compile run on the device backing lazy_mlir's
-(lazy_step.backing_device()). Per model and variant: median ms/step after
+(harness.backing_device()). Per model and variant: median ms/step after
 warm-up, ratios to eager and to each torch.compile row, first-step seconds
 (tracing + compiling), and for lazy_mlir graph executions and eager
 fallbacks per step and the step's split into trace / ltc / compile / glue /
-kernels (defined in benchmarks/lazy_step.py). fp32, or with ``--autocast bf16`` the forward and loss under
+kernels (defined in benchmarks/harness.py). fp32, or with ``--autocast bf16`` the forward and loss under
 torch.autocast (each row on its own device: "lazy" for lazy_mlir's); ``--autocast fp16`` adds
 torch.amp.GradScaler on that device (the loss scaled, ``scaler.step(opt)``, ``scaler.update()``). The zoo's tiny configs
 (hidden 32, batch 2, the tests' models) by default: per-step overhead
@@ -44,13 +44,11 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
-import time
 
-from child import exit_if_failed, pick_round, run_child
-from lazy_step import (COMPILE_ROWS, RATIO_COLUMNS, SPLIT_HEADER, StepSplit, backing_device, not_captured, not_compiled,
-                       ratio_cells, split_cells, take_turns)
+from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, check_lazy, emit, exit_if_failed,
+                     median_ms, ok_rows, pick_round, ratio_col, ratio_cols, run_child, run_rounds, split_cols,
+                     take_turns, time_steps)
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
@@ -125,11 +123,11 @@ def _level(variant: str) -> str:
 
 
 def _lazy_checks(variant: str, steps: int) -> dict:
-    from lazy_mlir import metrics
+    from lazy_mlir.observe import metrics
     s = metrics.snapshot()
     result = {"executions_per_step": s["graph_executions"] / steps, "fallbacks_per_step": s["fallback_count"] / steps,
               "syncs": s["syncs"]}
-    why = not_compiled(s, _level(variant)) or (not_captured(s, steps) if "_capture" in variant else None)
+    why = check_lazy(_level(variant), steps if "_capture" in variant else None, s)
     if why:
         result["failed"] = why
     return result
@@ -140,21 +138,13 @@ def run_variant(name: str, variant: str, size: str, steps: int, warmup: int, dro
     """Runs in the child process."""
     lazy = variant.startswith("lazy_mlir")
     step, batches = _make_step(name, variant, size, dropout, autocast)
-    split = StepSplit() if lazy else None
-    times, losses = [], []
-    for i, batch in enumerate(batches(warmup + steps)):
-        if split:
-            if i == warmup:
-                from lazy_mlir import metrics
-                metrics.reset()
-            split.begin()
-        start = time.perf_counter()
-        losses.append(step(batch, split.mark_step) if split else step(batch))
-        times.append(time.perf_counter() - start)
-        if split:
-            split.end(start)
-    result = {"ms_per_step": statistics.median(times[warmup:]) * 1000, "first_step_s": times[0],
-              "final_loss": losses[-1]}
+    split, at_warmup = None, None
+    if lazy:
+        from lazy_mlir.observe import metrics
+        split, at_warmup = StepSplit(), metrics.reset
+    times, losses = time_steps((lambda batch: step(batch, split.mark_step)) if split else step,
+                               batches(warmup + steps), warmup, split, at_warmup)
+    result = {"ms_per_step": median_ms(times, warmup), "first_step_s": times[0], "final_loss": losses[-1]}
     if split:
         result.update(_lazy_checks(variant, steps), split_ms=split.medians_ms(warmup))
     return result
@@ -207,11 +197,11 @@ def main():
     parser.add_argument("--child-paired", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_variant(*args.child, args.size, args.steps, args.warmup, args.dropout, args.autocast)))
+        emit(run_variant(*args.child, args.size, args.steps, args.warmup, args.dropout, args.autocast))
         return
     if args.child_paired:
-        print(json.dumps(run_paired(args.child_paired, args.only.split(","), args.size, args.steps, args.warmup,
-                                    args.block, args.dropout, args.autocast)))
+        emit(run_paired(args.child_paired, args.only.split(","), args.size, args.steps, args.warmup, args.block,
+                        args.dropout, args.autocast))
         return
 
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--size", args.size]
@@ -221,22 +211,18 @@ def main():
         common += ["--autocast", args.autocast]
     if args.fast_rng:
         os.environ["LAZY_MLIR_FAST_RNG"] = "1"  # the children's lazy_mlir.init reads it
-    runs: dict[tuple[str, str], list[dict]] = {}
-    for round_ in range(args.rounds):
-        for name in args.models.split(","):
-            if args.paired:
-                print(f"round {round_ + 1}: {name}, rows in turn ...", file=sys.stderr, flush=True)
-                rows = run_child(__file__, ["--child-paired", name, "--only", args.only, "--block", str(args.block),
-                                           *common])
-                for variant in args.only.split(","):
-                    runs.setdefault((name, variant), []).append(rows if "failed" in rows else rows[variant])
-                continue
-            for variant in args.only.split(","):
-                print(f"round {round_ + 1}: {name} {variant} ...", file=sys.stderr, flush=True)
-                runs.setdefault((name, variant), []).append(run_child(
-                    __file__, ["--child", name, variant, *common]))
-    results = {key: pick_round(rs) for key, rs in runs.items()}
-    failed = {f"{m} {v}": r["failed"] for (m, v), r in results.items() if "failed" in r}
+    variants = args.only.split(",")
+    if args.paired:  # a process per model, its rows taking turns
+        per_model = run_rounds(args.rounds, args.models.split(","), lambda name: run_child(__file__, [
+            "--child-paired", name, "--only", args.only, "--block", str(args.block), *common]),
+            label=lambda name: f"{name}, rows in turn")
+        runs = {(name, v): [rows if "failed" in rows else rows[v] for rows in rounds]
+                for name, rounds in per_model.items() for v in variants}
+        results = {key: pick_round(rs) for key, rs in runs.items()}
+    else:
+        results = run_rounds(args.rounds, [(name, v) for name in args.models.split(",") for v in variants],
+                             lambda key: run_child(__file__, ["--child", *key, *common]), label=" ".join,
+                             pick=pick_round)
 
     how = ("one process per row" if not args.paired else
            "all rows of a model in one process taking turns step by step" if args.block == 1 else
@@ -246,30 +232,27 @@ def main():
     precision = f"fp32 weights, {args.autocast} autocast" if args.autocast else "fp32"
     print(f"\nZoo training steps ({precision}, {args.size} models{dropout}) on {backing_device()}, {args.steps} timed steps after "
           f"{args.warmup} warm-up (median), median of {args.rounds} interleaved round(s), {how}")
-    detail = f"{'graph':>8}{'outside':>9}" if args.paired else SPLIT_HEADER
-    print(f"{'model':<10}{'variant':<{W}}{'ms/step':>9}{RATIO_COLUMNS}{'/c.l+opt':>9}{'first s':>9}"
-          f"{'exec/step':>10}{'fallb/step':>11}{detail}{'loss':>9}")
-    for name in args.models.split(","):
-        ok = {v: r for (m, v), r in results.items() if m == name and "failed" not in r}
-        for variant in args.only.split(","):
+    detail = ([Col("graph", 8, lambda r: r["paired_ms"]["graph"], ".2f"),
+               Col("outside", 9, lambda r: r["paired_ms"]["outside"], ".2f")] if args.paired else split_cols())
+    failed = {}
+    for k, name in enumerate(args.models.split(",")):
+        ok = ok_rows({v: results[(name, v)] for v in variants})
+        table = Table([Col("ms/step", 9, "ms_per_step", ".2f"), *ratio_cols(ok),
+                       ratio_col(ok, "compile_loss_opt", "/c.l+opt", 9), Col("first s", 9, "first_step_s"),
+                       Col("exec/step", 10, lambda r: r.get("executions_per_step", NAN), ".2f"),
+                       Col("fallb/step", 11, lambda r: r.get("fallbacks_per_step", NAN), ".2f"), *detail,
+                       Col("loss", 9, "final_loss", ".4f")], names=(("model", 10), ("variant", W)), failed=failed)
+        if k == 0:
+            table.header()
+        for variant in variants:
             r = results[(name, variant)]
-            if "failed" in r:
-                print(f"{name:<10}{variant:<{W}}  FAILED: {r['failed']}")
-                continue
-            ms = r["ms_per_step"]
-            detail_cells = (f"{r['paired_ms']['graph']:>8.2f}{r['paired_ms']['outside']:>9.2f}" if args.paired
-                            else split_cells(r.get("split_ms")))
-            loss_base = ok.get("compile_loss_opt", {}).get("ms_per_step")
-            print(f"{name:<10}{variant:<{W}}{ms:>9.2f}{ratio_cells(ms, ok)}{ms / loss_base if loss_base else float('nan'):>9.2f}"
-                  f"{r['first_step_s']:>9.1f}{r.get('executions_per_step', float('nan')):>10.2f}"
-                  f"{r.get('fallbacks_per_step', float('nan')):>11.2f}"
-                  + detail_cells + f"{r['final_loss']:>9.4f}")
-            for where, n in r.get("syncs", {}).items():
-                print(f"{'':<{W + 10}}sync: {n / args.steps:g}/step at {where}")
+            if table.row(r, name, variant):
+                for where, n in r.get("syncs", {}).items():
+                    print(f"{'':<{W + 10}}sync: {n / args.steps:g}/step at {where}")
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
           "torch.compile(optimizer.step); c.l+opt: torch.compile(loss function) and torch.compile(optimizer.step); " + ("graph: ms in Inductor-generated code, outside: the rest of the "
                                                "step (medians)" if args.paired else
-                                               "split columns (ms, medians): see benchmarks/lazy_step.py"))
+                                               "split columns (ms, medians): see benchmarks/harness.py"))
     with open(args.json, "w") as f:
         json.dump({f"{m}/{v}": r for (m, v), r in results.items()}, f, indent=1)
     print(f"\nJSON: {args.json}")

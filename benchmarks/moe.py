@@ -1,5 +1,5 @@
 """Switch Transformers (Hugging Face, a Python loop over its experts) trained
-eagerly, under torch.compile and on the lazy device (lazy_mlir.moe_experts:
+eagerly, under torch.compile and on the lazy device (lazy_mlir.trace.moe_experts:
 the loop in static shapes, every expert on every token), side by side in
 one process.
 
@@ -27,15 +27,14 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir import metrics
-from taking_turns import finish_step, run_in_turns, timed_row
+from lazy_mlir.observe import metrics
+from harness import TurnVariant, exit_if_failed, run_in_turns, turn_rows
 
 LAZY = torch.device("lazy")
 
@@ -58,13 +57,10 @@ def batches(args) -> list[tuple]:
              torch.randint(2, args.vocab, (args.batch, args.length // 4), generator=g)) for _ in range(4)]
 
 
-class Variant:
+class Variant(TurnVariant):
     def __init__(self, name, model, device, eager_grads=True):
-        self.name, self.device, self.eager_grads = name, device, eager_grads
-        self.model = model.to(device).train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.forward = torch.compile(self.model) if name == "torch.compile" else self.model
-        self.seconds, self.losses, self.per_step = [], [], []
+        super().__init__(name, model, device, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+        self.eager_grads = eager_grads
 
     def step(self, batch, timed: bool) -> None:
         if self.device == LAZY:
@@ -75,7 +71,7 @@ class Variant:
         decoder_ids = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], 1)
         logits = self.forward(input_ids=ids, decoder_input_ids=decoder_ids).logits
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        finish_step(self, loss, start, timed)
+        self.finish_step(loss, start, timed)
 
 
 def main() -> None:
@@ -99,23 +95,18 @@ def main() -> None:
                 Variant("lazy, eager grads", copy.deepcopy(model), LAZY),
                 Variant("lazy, zero grads", copy.deepcopy(model), LAZY, eager_grads=False)]
     run_in_turns(variants, data, args.warmup, args.steps, args.turn)
-    eager = statistics.median(variants[0].seconds)
     print(f"\nSwitch Transformers {args.layers}+{args.layers} layers (half MoE), {args.experts} experts, "
           f"hidden {args.hidden}, batch {args.batch} x {args.length}, AdamW fp32; median of {args.steps} steps "
           f"after {args.warmup}, turns of {args.turn}")
-    failed = False
-    for v in variants:
-        line = timed_row(v, eager, 18)
-        if line is None:
-            failed = True
-            continue
+
+    def extra(v) -> str:
+        line = ""
         if v.per_step:
             execs = statistics.mean(s["graph_executions"] for s in v.per_step)
             compiles = sum(s["compiles"] for s in v.per_step)
             line += f"  {execs:.1f} graph executions a step, {compiles} compiles in the timed steps"
-        line += f"  step-0 |loss - eager| {abs(v.losses[0] - variants[0].losses[0]):.1e}"
-        print(line)
-    sys.exit(1 if failed else 0)
+        return line + f"  step-0 |loss - eager| {abs(v.losses[0] - variants[0].losses[0]):.1e}"
+    exit_if_failed(turn_rows(variants, 18, extra))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ import re
 import tempfile
 
 import mlir_passes
-from child import exit_if_failed, pick_round
 from gpt_step import run_in_subprocess
+from harness import Col, Table, exit_if_failed, ok_rows, pick_round, ratio_col, run_rounds
 
 # Passes that can be left out without making groups uncompilable
 # (scalar-implicit-to-tensor and specialize-scalars are what lets groups reach Inductor).
@@ -37,26 +37,20 @@ def main():
     args = parser.parse_args()
     default = mlir_passes.DEFAULT_PIPELINE.split(",")
     variants = {"default": default} | {f"without {p}": [q for q in default if q != p] for p in OPTIONAL}
-    runs: dict[str, list[dict]] = {}
-    for _ in range(args.rounds):  # interleaved: timings drift on these machines
-        for label, passes in variants.items():
-            with tempfile.TemporaryDirectory() as dump_dir:
-                result = run_in_subprocess("lazy_mlir_O1", args.steps, args.warmup,
-                                           {"pipeline": ",".join(passes), "dump_dir": dump_dir})
-                runs.setdefault(label, []).append(result | generated_code_stats(dump_dir))
-    rows = {label: pick_round(rs) for label, rs in runs.items()}
-    failed = {label: r["failed"] for label, r in rows.items() if "failed" in r}
-    base = rows["default"].get("ms_per_step", float("nan"))
+
+    def run(label):
+        with tempfile.TemporaryDirectory() as dump_dir:
+            result = run_in_subprocess("lazy_mlir_O1", args.steps, args.warmup,
+                                       {"pipeline": ",".join(variants[label]), "dump_dir": dump_dir})
+            return result | generated_code_stats(dump_dir)
+    rows = run_rounds(args.rounds, variants, run, pick=pick_round)  # interleaved: timings drift on these machines
     print(f"GPT-mini O1, {args.steps} steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved rounds")
-    print(f"{'pipeline':<28}{'ms/step':>9}{'vs default':>11}{'kernels':>9}{'allocs':>8}{'extern':>8}")
-    for label, r in rows.items():
-        if label in failed:
-            print(f"{label:<28}  FAILED: {failed[label]}")
-            continue
-        print(f"{label:<28}{r['ms_per_step']:>9.1f}{r['ms_per_step'] / base:>11.2f}{r['fused_kernels']:>9}"
-              f"{r['allocations']:>8}{r['extern_calls']:>8}")
-    exit_if_failed(failed)
+    table = Table([Col("ms/step", 9, "ms_per_step"), ratio_col(ok_rows(rows), "default", "vs default", 11),
+                   Col("kernels", 9, "fused_kernels", "d"), Col("allocs", 8, "allocations", "d"),
+                   Col("extern", 8, "extern_calls", "d")], names=(("pipeline", 28),))
+    table.print(rows)
+    exit_if_failed(table.failed)
 
 
 if __name__ == "__main__":

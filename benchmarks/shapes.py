@@ -27,22 +27,23 @@ static length took 180 ms instead of 13), and generic code, with other
 loops, suffered more (the 2x "generic price" once reported here).
 Per variant: groups compiled, served by generic code. A variant with an
 eager fallback or a group run in TorchScript (other than while its code
-compiled in the background, before the timed steps) gets no figures. Losses must
-agree between the variants (fp32 kernels: 1e-4).
+compiled in the background, before the timed steps), or whose losses differ
+from static's by more than 1e-4 (fp32 kernels), prints FAILED instead of
+figures, and the script exits 1.
 
     .venv/bin/python benchmarks/shapes.py [--model gpt2] [--steps 8] [--lengths 8,16,12,14,10]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from harness import cache_env, emit, exit_if_failed, not_compiled, ok_rows, run_child
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 VARIANTS = ("static", "auto_blocking", "auto", "auto_warm")
@@ -55,7 +56,7 @@ def child(model_name: str, variant: str, lengths: list[int], steps: int, threads
     import zoo
 
     import lazy_mlir
-    from lazy_mlir import metrics
+    from lazy_mlir.observe import metrics
     lazy_mlir.init("O1", dynamic="static" if variant == "static" else "auto",
                    background_compile=variant != "auto_blocking", progress=False)
     v, spec = zoo.base_variant(model_name), zoo.SPECS[model_name]
@@ -96,22 +97,14 @@ def child(model_name: str, variant: str, lengths: list[int], steps: int, threads
         row["ms"] = 1e3 * statistics.median(t for t, _ in pairs)
         row["per_first"] = statistics.median(t / f for t, f in pairs)
     s = metrics.snapshot()
-    if s["fallback_count"] or s["groups_fallen_back"] or s["interpreted_group_calls"] != before_timed:
-        raise RuntimeError(f"not all compiled code (or TorchScript runs in the timed steps)\n{metrics.report()}")
+    why = not_compiled(s, "O1") or (s["interpreted_group_calls"] != before_timed
+                                    and "groups ran in TorchScript in the timed steps")
+    if why:
+        return {"failed": why}
     totals = {k: s[k] for k in ("groups_built", "generic_hits", "generic_compiles", "generic_disk_hits",
                                 "group_cache_disk_hits", "interpreted_group_calls")}
     totals["groups_compiled"] = s["stage_runs"].get("ts_to_fx", 0)
     return {"rows": rows, "losses": losses, "waited_s": waited_s, **totals}
-
-
-def run(variant: str, args, folders: list[str]) -> dict:
-    env = {**os.environ, "LAZY_MLIR_CACHE_DIR": folders[0], "TORCHINDUCTOR_CACHE_DIR": folders[1]}
-    proc = subprocess.run([sys.executable, __file__, "--child", variant, "--model", args.model,
-                           "--steps", str(args.steps), "--lengths", args.lengths, "--threads", str(args.threads)],
-                          env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"variant {variant} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -124,50 +117,68 @@ def main() -> None:
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.child:
-        print(json.dumps(child(args.model, args.child, lengths, args.steps, args.threads)))
+        emit(child(args.model, args.child, lengths, args.steps, args.threads))
         return
     folders = {v: [tempfile.mkdtemp(prefix=f"shapes_{v}_") for _ in range(2)] for v in VARIANTS[:3]}
     folders["auto_warm"] = folders["auto"]  # the second process on the first one's caches
+    results = {}
     try:
-        results = {variant: run(variant, args, folders[variant]) for variant in VARIANTS}
+        for variant in VARIANTS:
+            print(f"running {variant} ...", file=sys.stderr, flush=True)
+            results[variant] = run_child(__file__, [
+                "--child", variant, "--model", args.model, "--steps", str(args.steps), "--lengths", args.lengths,
+                "--threads", str(args.threads)], cache_env(*folders[variant]))
     finally:
         for pair in folders.values():
             for folder in pair:
                 shutil.rmtree(folder, ignore_errors=True)
-    static = results["static"]
-    drift = max(abs(a - b) for v in VARIANTS[1:] for a, b in zip(static["losses"], results[v]["losses"]))
-    if drift > 1e-4:
-        raise SystemExit(f"losses differ between the variants by {drift:.2e}")
+    static = results["static"] if "failed" not in results["static"] else None
+    drifts = {v: max(abs(a - b) for a, b in zip(static["losses"], r["losses"]))
+              for v, r in ok_rows(results).items() if static and v != "static"}
+    for v, d in drifts.items():
+        if d > 1e-4:
+            results[v] = {"failed": f"losses differ from static's by {d:.2e}"}
+    ok = ok_rows(results)
+    drift = max((d for v, d in drifts.items() if v in ok), default=0.0 if static else float("nan"))
     print(f"{args.model}, fp32, AdamW, {args.threads} thread(s), {args.steps} timed pairs per length; "
           f"max loss difference between variants {drift:.1e}")
     print("| length | " + " | ".join(f"{v}: first step s" for v in VARIANTS) + " | "
           + " | ".join(f"{v}: step / first length's" for v in VARIANTS[:3]) + " |")
     print("|---" * (1 + len(VARIANTS) + 3) + "|")
     for k, length in enumerate(lengths):
-        rows = [results[v]["rows"][k] for v in VARIANTS]
-        firsts = [f"{r['first_s']:.1f}" + (" (TS)" if r["interpreted"] else "") for r in rows]
+        rows = {v: ok[v]["rows"][k] for v in ok}
+        firsts = [f"{rows[v]['first_s']:.1f}" + (" (TS)" if rows[v]["interpreted"] else "") if v in ok else "FAILED"
+                  for v in VARIANTS]
         print(f"| {length} | " + " | ".join(firsts) + " | "
-              + " | ".join(f"{r['per_first']:.2f}" for r in rows[:3]) + " |")
-    total = {v: sum(r["first_s"] for r in results[v]["rows"]) for v in VARIANTS}
-    print("first steps in all: " + ", ".join(f"{v} {total[v]:.1f} s ({total[v] / total['static']:.2f}x static's)"
-                                             for v in VARIANTS))
-    cold = static["rows"][0]["first_s"]
-    ts_steps = [(r["second_interpreted_ms"], r["ms"]) for r in results["auto"]["rows"] if "second_interpreted_ms" in r]
+              + " | ".join(f"{rows[v]['per_first']:.2f}" if v in ok else "FAILED" for v in VARIANTS[:3]) + " |")
+    total = {v: sum(r["first_s"] for r in ok[v]["rows"]) for v in ok}
+    print("first steps in all: " + ", ".join(
+        f"{v} {total[v]:.1f} s" + (f" ({total[v] / total['static']:.2f}x static's)" if static else "") for v in total))
+    ts_steps = [(r["second_interpreted_ms"], r["ms"]) for r in ok.get("auto", {}).get("rows", [])
+                if "second_interpreted_ms" in r]
     if ts_steps:
         print(f"auto: second steps at a length, run in TorchScript while compiling: median "
               f"{statistics.median(t for t, _ in ts_steps):.1f} ms/step, against "
               f"{statistics.median(c for _, c in ts_steps):.1f} ms for the generic code at those lengths later")
     for v in VARIANTS[1:3]:
-        later = max(r["first_s"] for r in results[v]["rows"][1:])
-        print(f"{v}: slowest first step at a later length {later:.1f} s = {later / cold:.2f}x the cold first "
-              f"step (static's, {cold:.1f} s); {results[v]['waited_s']:.1f} s left to wait for background "
-              f"compiles after the first steps")
+        if v in ok and static:
+            cold = static["rows"][0]["first_s"]
+            later = max(r["first_s"] for r in ok[v]["rows"][1:])
+            print(f"{v}: slowest first step at a later length {later:.1f} s = {later / cold:.2f}x the cold first "
+                  f"step (static's, {cold:.1f} s); {ok[v]['waited_s']:.1f} s left to wait for background "
+                  f"compiles after the first steps")
+    failed = {}
     for v in VARIANTS:
-        r = results[v]
+        if v not in ok:
+            failed[v] = results[v]["failed"]
+            print(f"{v}: FAILED: {failed[v]}")
+            continue
+        r = ok[v]
         print(f"{v}: {r['groups_built']} groups built, {r['groups_compiled']} compiled "
               f"({r['generic_compiles']} shape-generic), {r['generic_hits']} sizes served by generic code "
               f"({r['generic_disk_hits']} variants from disk), {r['group_cache_disk_hits']} static groups from disk, "
               f"{r['interpreted_group_calls']} group runs in TorchScript while compiling")
+    exit_if_failed(failed)
 
 
 if __name__ == "__main__":

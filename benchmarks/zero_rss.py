@@ -10,6 +10,9 @@ compiles (from step 100 to ~200 by 40-110 MiB on this machine, then it stays
 flat), while a leak grows for the whole run. The run fails (exit 1) when a
 rank's RSS grows by more than ``--max-growth-mib`` (32) between the middle
 of the run and its end: over 1,000 steps that is a leak of 64 KiB a step.
+It prints FAILED instead of figures, and exits 1, when a rank's steps of the
+second half did not all run generated code (a group in TorchScript, an op
+run eagerly): the figures would describe another path than lazy_mlir's.
 
     .venv/bin/python benchmarks/zero_rss.py [--steps 1000] [--max-growth-mib 32] [--json zero_rss.json]
 """
@@ -18,9 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+
+from harness import check_lazy, torchrun
 
 MIB = 2 ** 20
 
@@ -52,6 +56,7 @@ def worker(args) -> int:
     import lazy_mlir
     import lazy_mlir.zero as zero
     from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+    from lazy_mlir.observe import metrics
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -72,20 +77,27 @@ def worker(args) -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch._lazy.mark_step()
+        if step == args.steps // 2:
+            metrics.reset()  # check_lazy below: over the second half, the verdict's
         if step % args.every == 0 or step == args.steps:
             torch._lazy.wait_device_ops()
             samples.append((step, rss_bytes(), loss.item()))  # after mark_step: a read, no graph run
             if rank == 0:
                 print(f"  step {step}: rank 0 RSS {samples[-1][1] / MIB:.1f} MiB, loss {samples[-1][2]:.4f}, "
                       f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
-    everyone = [None] * world
+    everyone, whys = [None] * world, [None] * world
     dist.all_gather_object(everyone, samples)
+    dist.all_gather_object(whys, check_lazy("O1"))
     dist.destroy_process_group()
-    return report(args, everyone, time.monotonic() - start) if rank == 0 else 0
+    return report(args, everyone, whys, time.monotonic() - start) if rank == 0 else 0
 
 
-def report(args, everyone: list[list[tuple[int, int, float]]], seconds: float) -> int:
+def report(args, everyone: list[list[tuple[int, int, float]]], whys: list[str | None], seconds: float) -> int:
     world = len(everyone)
+    bad = [(r, why) for r, why in enumerate(whys) if why]
+    if bad:
+        print(f"\nGPT-mini ZeRO-3, {world} gloo ranks, {args.steps} steps: FAILED: rank {bad[0][0]}: {bad[0][1]}")
+        return 1
     print(f"\nGPT-mini ZeRO-3, {world} gloo ranks, {args.steps} steps in {seconds:.0f} s; RSS in MiB")
     print(f"{'step':>6}" + "".join(f"{f'rank {r}':>10}" for r in range(world)) + f"{'loss':>9}")
     for i, (step, _, loss) in enumerate(everyone[0]):
@@ -130,11 +142,7 @@ def main() -> int:
     args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:
         return worker(args)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
-           os.path.abspath(__file__), *sys.argv[1:]]
-    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
-    return subprocess.run(cmd, env=env).returncode
+    return torchrun(__file__, args.nproc, sys.argv[1:], {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
 
 
 if __name__ == "__main__":

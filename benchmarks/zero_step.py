@@ -14,7 +14,7 @@ parameters + gradients + optimizer state against the unsharded total, and
 collective bytes per step measured against ZeRO theory (Ψ = parameter bytes),
 ZeRO-3's step time over each FSDP2 row's, paired round by round, and each
 lazy_mlir row's step split into trace / ltc / compile / glue / kernels /
-read (benchmarks/lazy_step.py). A variant that fails shows FAILED and why
+read (benchmarks/harness.py). A variant that fails shows FAILED and why
 instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 5] [--only fsdp2,zero3]
@@ -30,13 +30,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 import traceback
 
-from child import exit_if_failed
-from lazy_step import SPLIT, StepSplit, not_captured, not_compiled
+from harness import SPLIT, StepSplit, check_lazy, exit_if_failed, median_ms, time_steps, torchrun
 
 VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "zero3_capture", "deepspeed", "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
@@ -254,22 +251,21 @@ def worker(args):
         for v, (step, _) in list(built.items()):
             log(f"round {round_ + 1}: running {v} ...")
             dist.barrier()
-            times = []
             split = StepSplit() if v.startswith("zero") else None
+            last = {}
+
+            def timed(batch):
+                loss = step(*batch, mark_step=split.mark_step) if split else step(*batch)
+                if args.device == "cuda":  # the step's kernels have only been queued
+                    torch.cuda.synchronize()
+                last["loss"] = loss
+
+            def at_warmup():
+                zero.reset_comm_stats()
+                lazy_mlir.metrics.reset()
             try:
-                for i, (x, y) in enumerate(batches if v.startswith("zero") else device_batches):
-                    if i == args.warmup and split:
-                        zero.reset_comm_stats()
-                        lazy_mlir.metrics.reset()
-                    if split:
-                        split.begin()
-                    start = time.perf_counter()
-                    loss = step(x, y, mark_step=split.mark_step) if split else step(x, y)
-                    if args.device == "cuda":  # the step's kernels have only been queued
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - start)
-                    if split:
-                        split.end(start)
+                times, _ = time_steps(timed, batches if v.startswith("zero") else device_batches, args.warmup, split,
+                                      at_warmup if split else None)
                 if v.startswith("zero"):
                     _check_compiled(v, args.steps)
             except Exception as e:  # noqa: BLE001 - e.g. torch.compile of FSDP2 on gloo: a FAILED row
@@ -277,8 +273,8 @@ def worker(args):
                 failed[v] = _why(e)
                 del built[v], runs[v]
                 continue
-            runs[v]["round_ms"].append(statistics.median(times[args.warmup:]) * 1000)
-            runs[v]["final_loss"] = loss.item()  # read once, outside the timed steps
+            runs[v]["round_ms"].append(median_ms(times, args.warmup))
+            runs[v]["final_loss"] = last["loss"].item()  # read once, outside the timed steps
             # as it comes: a run cut short (a lent GPU's time limit) still says what it measured
             log(f"round {round_ + 1}: {v} {runs[v]['round_ms'][-1]:.1f} ms/step, loss {runs[v]['final_loss']:.4f}")
             if split:
@@ -302,10 +298,8 @@ def _check_compiled(variant: str, steps: int) -> None:
     did not all run generated code (or, captured, replay every forward):
     the row would time something else under its name."""
     import torch.distributed as dist
-    import lazy_mlir
 
-    s = lazy_mlir.metrics.snapshot()
-    why = not_compiled(s, "O1") or (not_captured(s, steps) if variant.endswith("_capture") else None)
+    why = check_lazy("O1", steps if variant.endswith("_capture") else None)
     whys = [None] * dist.get_world_size()
     dist.all_gather_object(whys, why)  # every rank drops the row, or none: the next barrier needs them all
     bad = [(rank, w) for rank, w in enumerate(whys) if w]
@@ -342,7 +336,7 @@ def report(args, cfg, psi, runs, failed):
     for v, r in runs.items():
         if "round_split_ms" in r:  # each part's median over the rounds
             r["split_ms"] = {part: statistics.median(s[part] for s in r["round_split_ms"]) for part in SPLIT}
-            print(f"  {v} step split (ms; benchmarks/lazy_step.py): "
+            print(f"  {v} step split (ms; benchmarks/harness.py): "
                   + ", ".join(f"{part} {ms:.1f}" for part, ms in r["split_ms"].items()))
     ratios = {}
     for ours, fsdp in [(z, f) for z in ("zero3", "zero3_capture") for f in ("fsdp2", "fsdp2_compiled")]:
@@ -403,14 +397,12 @@ def main():
         if args.nproc > gpus:  # NCCL refuses two ranks on one GPU
             parser.error(f"--device cuda: --nproc {args.nproc} needs {args.nproc} GPUs (one per rank), torch "
                          f"sees {gpus}; pass --nproc {gpus}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
-           os.path.abspath(__file__), "--worker"]
-    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's stack. The options reach
-    # the ranks in ZERO_STEP_ARGS: torchrun reads those after the script too, --nproc as its --nproc-per-node
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", ZERO_STEP_ARGS=json.dumps(sys.argv[1:]))
+    # The options reach the ranks in ZERO_STEP_ARGS: torchrun reads those after the
+    # script too, --nproc as its --nproc-per-node
+    env = {"ZERO_STEP_ARGS": json.dumps(sys.argv[1:])}
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
-    sys.exit(subprocess.run(cmd, env=env).returncode)
+    sys.exit(torchrun(__file__, args.nproc, ["--worker"], env))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def main():
     import lazy_mlir
     from lazy_mlir.observe import metrics
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    from lazy_step import not_compiled  # the benchmarks' check: groups in TorchScript, eager fallbacks
+    from harness import not_compiled  # the benchmarks' check: groups in TorchScript, eager fallbacks
     lazy_mlir.init(args.level)
     dtype = getattr(torch, args.dtype)
     failed = 0
