@@ -19,7 +19,7 @@ that ran an op eagerly or a group in TorchScript prints FAILED.
 
 2026-12-03, 2 cores, zoo Llama base, dropout 0.1 (eager's masks): lazy
 checkpointed 0.68x eager (plain 0.55x), its step's buffers 51 MiB against
-143 plain (README, "Activation checkpointing").
+143 plain (docs/performance.md, "Activation checkpointing").
 """
 from __future__ import annotations
 

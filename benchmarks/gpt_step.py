@@ -1,4 +1,4 @@
-"""GPT-mini training-step benchmark (DESIGN.md "Benchmarks").
+"""GPT-mini training-step benchmark (docs/performance.md).
 
 Runs, each in its own subprocess and in one invocation: eager,
 torch.compile(model) with the optimizer step eager, torch.compile(model) with

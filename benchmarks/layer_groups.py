@@ -1,6 +1,6 @@
 """A fusion group per layer on models that keep their layers: the cold
 compile it saves, and what it costs the warm step (Config.layer_groups,
-README "A fusion group per layer").
+docs/user-guide.md, "A fusion group per layer").
 
 Per zoo model (tests/models/zoo.py; ``--size deep``: 12 layers x 128, batch
 4, 128 tokens, fp32, the zoo's optimizer):

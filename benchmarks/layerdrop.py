@@ -1,5 +1,5 @@
 """LayerDrop: a model that skips layers at random, with and without a fusion
-group per layer (Config.layer_groups, README "A fusion group per layer").
+group per layer (Config.layer_groups, docs/user-guide.md, "A fusion group per layer").
 
 Trains a tiny Hugging Face M2M100 (encoder and decoder LayerDrop, no
 dropout, AdamW, fp32) for a few steps eagerly and on the lazy device, with

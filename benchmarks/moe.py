@@ -20,7 +20,7 @@ or a group in TorchScript prints FAILED.
 
 2026-12-03, 2 cores, --length 256 --capacity 40 --steps 9: eager 94.1 ms,
 torch.compile 1.01x, lazy with eager grads 1.44x, lazy zero grads 1.03x
-(README, "Mixture-of-experts loops").
+(docs/performance.md, "Mixture of experts").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Demo: train GPT-mini (DESIGN.md) with AdamW on the lazy device through
+"""Demo: train GPT-mini (docs/performance.md) with AdamW on the lazy device through
 lazy_mlir, then the same steps eagerly, and compare step times and losses.
 
     make demo            # or: .venv/bin/python examples/train_gpt.py --steps 30 --level O1

@@ -16,7 +16,7 @@ LAZY = torch.device("lazy")
 CPU = torch.device("cpu")
 _ZOO_DIR = os.path.join(os.path.dirname(__file__), "models")  # tests/models/zoo.py
 
-# Small enough for a 2-core CI machine, same structure as DESIGN.md's GPT-mini.
+# Small enough for a 2-core CI machine, same structure as GPT-mini (docs/performance.md).
 SMALL_GPT = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size=32, batch_size=4)
 
 

@@ -316,7 +316,7 @@ def test_isolated_compile_keeps_the_compiler_out_of_the_training_process(tmp_pat
     groups in a worker and calls the libraries from C++; it never imports
     torch-mlir, the lowering or Inductor's compiler. The next process loads
     the groups from the cache (compile_cache.store_native), also without them
-    (the memory a training process saves: README "Peak memory")."""
+    (the memory a training process saves: docs/performance.md)."""
     cold = _cached_child(tmp_path)
     s = cold["metrics"]
     assert s["group_cache_misses"] >= 1 and s["stage_runs"].get("isolated_compile", 0) == s["group_cache_misses"], s

@@ -2,7 +2,7 @@
 the same GPU, one graph execution per step, every group compiled (Inductor's
 Triton kernels) from CUDA inputs: the MLP, GPT-mini and the zoo's HF
 GPT-2 and ResNet (tests/models), traced and captured. fp64, so that a wrong result stands out from the
-reduction-order noise of fp32 (DESIGN.md). ZeRO on NCCL is in
+reduction-order noise of fp32 (docs/architecture.md, facts). ZeRO on NCCL is in
 tests/zero/test_zero.py; tools/gpu_check.sh runs both on a GPU machine. Skips without a GPU, or when this process's lazy
 device is the CPU (LAZY_MLIR_DEVICE=cpu: the first init fixes it)."""
 import os

@@ -34,7 +34,7 @@ def test_gpt_adamw_one_execution_per_step_no_fallbacks(lazy_level):
 
 @pytest.mark.slow  # 36 s cold; benchmarks/gpt_step.py trains this model and fails on any fallback
 def test_gpt_mini_full_size_has_no_fallbacks(lazy_level):
-    """DESIGN.md's GPT-mini (nanoGPT's literal c_attn(x).split(C, dim=2)), AdamW."""
+    """GPT-mini (docs/performance.md) (nanoGPT's literal c_attn(x).split(C, dim=2)), AdamW."""
     cfg = GPTConfig()
     batches = list(gpt_batches(cfg, 3))
     train(lambda: make_gpt(cfg), make_adamw, batches, LAZY)

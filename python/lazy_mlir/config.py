@@ -115,7 +115,7 @@ class Config:
     # Trace an Adam/AdamW (or SGD) step on the lazy device as one node per
     # parameter group instead of ~10 (SGD: ~3) ops per parameter (see
     # fused_optimizer; same math, float rounding aside): ~30% less trace and
-    # LTC sync on GPT-mini, its generated code as fast or faster (README).
+    # LTC sync on GPT-mini, its generated code as fast or faster (docs/performance.md).
     # LAZY_MLIR_FUSE_OPTIMIZER=0 turns it off.
     fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", True))
     # Dropout masks and other random draws (compilable.GENERATED_RANDOM_OPS)

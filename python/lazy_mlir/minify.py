@@ -165,7 +165,7 @@ def _codegen_disagrees(graph: bytes, inputs: list, options: dict) -> bool:
 def _serve(connection, imports: list[str]) -> None:
     import importlib
 
-    import lazy_mlir  # noqa: F401 - lazy_mlir's ops, as the training process had them
+    # lazy_mlir's ops are there: unpickling this function imported the package
     for name in imports:  # the user's own op libraries
         importlib.import_module(name)
     while True:

@@ -1,6 +1,6 @@
 """Reference models used by the demo, the tests and the benchmarks.
 
-GPT-mini is the nanoGPT-style decoder defined in DESIGN.md (benchmarks):
+GPT-mini is the nanoGPT-style decoder of docs/performance.md (the benchmarks' model):
 4 layers, d_model 256, 4 heads, vocab 1024, seq 128, tied embeddings. The
 attention block keeps nanoGPT's literal ``c_attn(x).split(C, dim=2)`` because
 users write it and the stock lazy backend mishandles it.

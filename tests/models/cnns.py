@@ -1,7 +1,7 @@
 """Small ResNet and MobileNetV3-small equivalents of torchvision's.
 
 torchvision 0.28 (the release for torch 2.13) ships only a CUDA build that
-does not load on CPU torch (DESIGN.md), so the zoo builds the same blocks
+does not load on CPU torch (docs/architecture.md, facts), so the zoo builds the same blocks
 here: the same layer order, BatchNorm placement, downsample shortcuts,
 squeeze-excitation and activations as ``torchvision.models.resnet`` and
 ``torchvision.models.mobilenetv3``, at widths small enough for CI.

@@ -3,7 +3,7 @@
 Every variant trains WARMUP steps, one more step of the same shape, then a
 ragged batch and a batch at a second length (training.py), in fp64: fp32
 rounding differences between Inductor's kernels and eager grow into visible
-drift under AdamW and BatchNorm (DESIGN.md), while in fp64 the lazy path
+drift under AdamW and BatchNorm (docs/architecture.md, facts), while in fp64 the lazy path
 matches eager to ~1e-14.
 
 Dropout is compared exactly too: lazy ``bernoulli`` is kept in the

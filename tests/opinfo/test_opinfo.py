@@ -1,7 +1,7 @@
 """OpInfo samples on the lazy device at O1 against eager CPU PyTorch.
 
 The fast subset runs in ``make test``; the whole op_db (both dtypes) runs with
-``.venv/bin/python -m pytest tests/opinfo -m opinfo_full`` (see README).
+``.venv/bin/python -m pytest tests/opinfo -m opinfo_full`` (docs/testing.md).
 """
 import pytest
 import torch

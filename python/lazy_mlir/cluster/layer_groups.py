@@ -2,7 +2,7 @@
 
 A model's repeated layers are the blocks of a ``ModuleList`` of one class
 (a transformer's layers; not a CNN's ``Sequential`` stages, whose blocks
-differ in width: README, "A fusion group per layer"). Hooks mark a boundary in
+differ in width: docs/user-guide.md, "A fusion group per layer"). Hooks mark a boundary in
 the trace where each block's forward starts and ends, and where the
 gradients of its input and of its output are computed (its backward starts
 and ends there); the clusterer then puts no two blocks' ops in one group.
@@ -83,7 +83,7 @@ def print_compile_hint() -> None:
     _hinted = True
     print(f"lazy_mlir: the step compiles its {_deep_unmarked} repeated layers as one; layer_groups='on' "
           "(LAZY_MLIR_LAYER_GROUPS=1) compiles one layer's code for them all: at 12 layers a 4-7x shorter "
-          "cold compile for a 3-5% slower step (README, \"A fusion group per layer\")", file=sys.stderr, flush=True)
+          "cold compile for a 3-5% slower step (docs/user-guide.md, \"A fusion group per layer\")", file=sys.stderr, flush=True)
 
 
 def _warn_if_masks_differ_from_eager(model: torch.nn.Module) -> None:

@@ -12,7 +12,7 @@ Inductor then keeps each activation that a ``convolution_backward`` reads
 as channels-last for the next convolution, and the backward's batch-norm,
 ReLU and pooling kernels mix the two layouts, transposing in their inner
 loops (zoo ResNet at the base size: 6.3 ms of fused kernels a step against
-torch.compile's 3.5, README "Convolutions channels-last").
+torch.compile's 3.5, docs/performance.md).
 
 ``rewrite`` marks each convolution's output channels-last in the graph (a
 ``clone`` to that memory format, which Inductor lowers to nothing: the

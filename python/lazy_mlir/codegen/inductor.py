@@ -84,7 +84,7 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         # per kernel, its buffers' lifetimes) built at Inductor's -O1 for it:
         # one library at -O3 spent most of a big group's compile in gcc on
         # the wrapper's one long function (EfficientNet-B0's 1114 ops: 146 s
-        # -> 73 s cold), for no step time measured (README, "Inductor's C++ wrapper").
+        # -> 73 s cold), for no step time measured (docs/compile-cache.md).
         options["cpp_wrapper_build_separate"] = True
         # The C++ wrapper checks its inputs' layouts against the placeholders'
         # values, which the export made contiguous; the code is compiled for

@@ -2,7 +2,7 @@
 
 Inductor calls MKL for every matrix product of a training step (``mm``,
 ``addmm``, ``bmm``: extern kernels), and so does torch.compile. On this
-project's CPU machines (AMD EPYC, AVX-512) oneDNN is faster (README
+project's CPU machines (AMD EPYC, AVX-512) oneDNN is faster (docs/performance.md
 "Linears on oneDNN" has the figures):
 
 - its inner product (``mkldnn._linear_pointwise``, the weight not

@@ -5,7 +5,7 @@ tens of MB that glibc keeps; the steady-state steps then grow the heap
 around them, and the process's peak with it (GPT-mini captured, cold: 586
 MB without, 559-573 with). ``malloc_trim`` once when a group gets new code
 (compiled or loaded) returns those pages; per step it would cost page
-faults (README "Where it stands"). The step memory's cached buffers
+faults (docs/performance.md). The step memory's cached buffers
 (runtime/step_memory.h) go first: new code usually means new sizes.
 """
 from __future__ import annotations

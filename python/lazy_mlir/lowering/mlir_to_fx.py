@@ -1,6 +1,6 @@
 """torch dialect -> ATen FX graph with fake-tensor meta, for codegen after the MLIR passes.
 
-The raw imported IR maps back to ATen 1:1 (DESIGN.md): ``torch.aten.X.ovl`` is a
+The raw imported IR maps back to ATen 1:1 (docs/architecture.md, facts): ``torch.aten.X.ovl`` is a
 call to ``torch.ops.aten.X.ovl`` with its operands in schema order. Constants,
 lists and tuples become Python values inlined into the calls that use them;
 dense literals become tensor attributes of the GraphModule.

@@ -1,7 +1,7 @@
 """A GPU group's generated code replayed as one CUDA graph.
 
 On a GPU the step is bound by the CPU launching kernels: Inductor's Python
-wrapper launches each Triton kernel in turn (README: GPT-mini's generated
+wrapper launches each Triton kernel in turn (docs/gpu.md: GPT-mini's generated
 code took as long on the CPU as torch.compile's). At the second run of the
 same code, it is captured into a CUDA graph on buffers of its own (the
 first run compiled it and autotuned its kernels); that run and each later
