@@ -102,3 +102,11 @@ def test_the_layers_name_the_package_parts():
     parts |= {p.stem for p in PACKAGE.glob("*.py")}
     assert set(LAYERS) <= parts
     assert parts - set(LAYERS) == {"__init__", "minify", "models"}, "a new part needs its place in LAYERS"
+
+
+def test_a_long_module_says_why_it_is_one():
+    """A module over ~500 lines says at its top why it is not split."""
+    long = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+            if len(p.read_text().splitlines()) > 520
+            and "Why one module" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert not long, f"over ~500 lines with no reason at the top: {long}"

@@ -22,6 +22,9 @@ stay static: their passes plan memory by size.
 With the persistent cache on, generic variants are stored too (per family,
 see ``_store``): a later process serves any size they admit without
 compiling, at the cost of loading the artefact when a variant first serves.
+
+Why one module of ~560 lines: sightings, plans, lookups and the generic
+compile share one index of families and their variants (memory and disk).
 """
 from __future__ import annotations
 

@@ -6,6 +6,11 @@ change) and from then on calls the generated code directly.
 TorchScriptExecutable runs the group's own TorchScript subgraph: the
 fallback for a group that fails to lower at O1, and the stand-in for a group
 whose shape-generic code compiles in the background (``background``).
+
+Why one module of ~700 lines: ``GroupExecutable`` is one state machine per
+group (first run, input layouts, scalar guards, native calls, CUDA graphs,
+the numerics check), and its states share the group's code and key; which
+way new code compiles is ``compile.routes``'s, not this module's.
 """
 from __future__ import annotations
 

@@ -61,6 +61,11 @@ kernel that calls a mutable op with no such variant (``cummax`` ->
 kernels are wrong or call the eager fallback: ``LTC_REPLACED`` replaces them
 (``pixel_shuffle`` returned uninitialised memory; integer ``histc``, which
 CPU lacks, counts in float64).
+
+Why one module of ~1,000 lines: the four kinds of kernel above are one
+ordered chain per op (``install`` tries them in turn, and a kernel that
+refuses hands the op to the next): their tables and the order they are
+tried in read together here.
 """
 from __future__ import annotations
 
