@@ -12,10 +12,10 @@ activations, gradients, temporaries; eager's and torch.compile's allocations are
 there, so they get no figure), the graph executions a step, and each
 variant's largest difference of its losses to eager's (dropout 0.1: the
 lazy recompute must draw the forward's masks again,
-lazy_backend/ltc_fixes/draw_stream.h; torch.compile and fast_rng draw other masks). A lazy variant
+lazy_backend/ltc_fixes/draw_stream.h; torch.compile draws other masks). A lazy variant
 that ran an op eagerly or a group in TorchScript prints FAILED.
 
-    .venv/bin/python benchmarks/checkpointing.py [--model llama] [--size base] [--steps 8] [--fast-rng]
+    .venv/bin/python benchmarks/checkpointing.py [--model llama] [--size base] [--steps 8]
 
 2026-12-03, 2 cores, zoo Llama base, dropout 0.1 (eager's masks): lazy
 checkpointed 0.68x eager (plain 0.55x), its step's buffers 51 MiB against
@@ -74,9 +74,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--turn", type=int, default=2)
-    parser.add_argument("--fast-rng", action="store_true", help="lazy draws in the generated code (Config.fast_rng)")
     args = parser.parse_args()
-    lazy_mlir.init("O1", fast_rng=args.fast_rng)
+    lazy_mlir.init("O1")
     sys.path.insert(0, ZOO_DIR)
     import zoo
 
@@ -93,8 +92,7 @@ def main() -> None:
     for variant in variants:
         if variant.device == LAZY:
             variant.measure_memory(data[0])
-    rng = ", fast_rng" if args.fast_rng else ""
-    print(f"\n{args.model} ({args.size}, dropout {args.dropout}{rng}), AdamW fp32; median of {args.steps} steps "
+    print(f"\n{args.model} ({args.size}, dropout {args.dropout}), AdamW fp32; median of {args.steps} steps "
           f"after {args.warmup}, turns of {args.turn}")
 
     def extra(variant) -> str:

@@ -187,9 +187,6 @@ def main():
     parser.add_argument("--dropout", type=float, default=None,
                         help="the models' dropout probability (default: the zoo's first variant's, 0 for the "
                              "seven models here)")
-    parser.add_argument("--fast-rng", action="store_true",
-                        help="lazy_mlir rows draw random numbers in the generated code (Config.fast_rng), as "
-                             "torch.compile does, instead of eager's stream in the TorchScript glue")
     parser.add_argument("--autocast", choices=sorted(AUTOCAST_DTYPES), default=None,
                         help="the forward and loss under torch.autocast to this dtype on each row's device "
                              "(\"lazy\" for lazy_mlir's); weights and optimizer fp32")
@@ -209,8 +206,6 @@ def main():
         common += ["--dropout", str(args.dropout)]
     if args.autocast:
         common += ["--autocast", args.autocast]
-    if args.fast_rng:
-        os.environ["LAZY_MLIR_FAST_RNG"] = "1"  # the children's lazy_mlir.init reads it
     variants = args.only.split(",")
     if args.paired:  # a process per model, its rows taking turns
         per_model = run_rounds(args.rounds, args.models.split(","), lambda name: run_child(__file__, [
@@ -228,7 +223,7 @@ def main():
            "all rows of a model in one process taking turns step by step" if args.block == 1 else
            f"all rows of a model in one process taking turns every {args.block} steps, the first of each turn "
            f"not timed")
-    dropout = ("" if args.dropout is None else f", dropout {args.dropout:g}") + (", fast_rng" if args.fast_rng else "")
+    dropout = "" if args.dropout is None else f", dropout {args.dropout:g}"
     precision = f"fp32 weights, {args.autocast} autocast" if args.autocast else "fp32"
     print(f"\nZoo training steps ({precision}, {args.size} models{dropout}) on {backing_device()}, {args.steps} timed steps after "
           f"{args.warmup} warm-up (median), median of {args.rounds} interleaved round(s), {how}")

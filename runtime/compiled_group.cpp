@@ -25,7 +25,7 @@ std::vector<const void*> protectDonated(std::vector<at::Tensor>& inputs, const s
   for (const int64_t k : positions) {
     if (k < 0 || k >= static_cast<int64_t>(inputs.size())) continue;
     at::Tensor& input = inputs[k];
-    if (input.dim() == 0) continue;  // lazy_mlir.donation never writes 0-d inputs
+    if (input.dim() == 0) continue;  // lazy_mlir.codegen.donation never writes 0-d inputs
     const c10::TensorImpl* impl = input.unsafeGetTensorImpl();
     if (dead != nullptr && dead->contains(impl)) {
       writable.push_back(input.data_ptr());
@@ -56,7 +56,7 @@ std::vector<at::Tensor> CompiledGroup::run(std::vector<at::Tensor> inputs) {
   const int64_t start = nowNs();
   const StepMemoryScope step_memory;  // the group's large buffers are kept for the next step
   // Until the first call has returned, every donated position is offered; it
-  // tells which can ever be written (lazy_mlir.donation writes an input only
+  // tells which can ever be written (lazy_mlir.codegen.donation writes an input only
   // with an output of its sizes and dtype, and this group's shapes are fixed).
   struct Offered {
     int64_t position;

@@ -7,7 +7,7 @@
 // Python way in (AOTAutograd's runtime wrapper, Inductor's CompiledFxGraph,
 // the generated `call`) wraps every input and output in a Python tensor;
 // an output's Python object then lives as long as LTC holds the tensor and
-// is freed in the next step's trace. lazy_mlir.native_call watched one call
+// is freed in the next step's trace. lazy_mlir.codegen.native_call watched one call
 // through Python and says which group input each entry argument is and
 // which entry result (or group input) each group output is; a call is
 // taken here while the inputs keep the dtypes, devices, sizes and strides

@@ -20,10 +20,6 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
       {"group_outputs", group_outputs.load()}, {"group_output_bytes", group_output_bytes.load()},
       {"outputs_in_place", outputs_in_place.load()}, {"in_place_bytes", in_place_bytes.load()},
       {"donor_copies", donor_copies.load()},   {"donor_copy_bytes", donor_copy_bytes.load()},
-      {"trie_branches_pruned", trie_branches_pruned.load()},
-      {"trie_buffers_released", trie_buffers_released.load()},
-      {"cached_ir_dropped", cached_ir_dropped.load()},
-      {"step_boundaries_skipped", step_boundaries_skipped.load()},
       {"device_data_recycled", device_data_recycled.load()},
       {"step_memory_hits", step_memory_hits.load()}, {"step_memory_misses", step_memory_misses.load()},
       {"step_memory_evicted", step_memory_evicted.load()},
@@ -34,8 +30,7 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
 void RunStats::reset() {
   for (auto* c : {&compiles, &compile_ns, &groups_built, &groups_rejected, &executions,
                   &execute_ns, &group_calls, &group_ns, &native_calls, &native_ns, &rebinds, &group_outputs, &group_output_bytes,
-                  &outputs_in_place, &in_place_bytes, &donor_copies, &donor_copy_bytes, &trie_branches_pruned,
-                  &trie_buffers_released, &cached_ir_dropped, &step_boundaries_skipped,
+                  &outputs_in_place, &in_place_bytes, &donor_copies, &donor_copy_bytes,
                   &device_data_recycled, &step_memory_hits, &step_memory_misses, &step_memory_evicted,
                   &dead_draws_kept}) {
     c->store(0);

@@ -30,13 +30,6 @@ struct RunStats {
   std::atomic<int64_t> in_place_bytes{0};
   std::atomic<int64_t> donor_copies{0};
   std::atomic<int64_t> donor_copy_bytes{0};
-  // IR reuse (ir_reuse.h): trie branches pruned, device-data buffers only
-  // the trie held released, cached device-data IR values dropped at step
-  // boundaries, boundaries skipped (a computation was pending).
-  std::atomic<int64_t> trie_branches_pruned{0};
-  std::atomic<int64_t> trie_buffers_released{0};
-  std::atomic<int64_t> cached_ir_dropped{0};
-  std::atomic<int64_t> step_boundaries_skipped{0};
   // Device-data nodes handed out again by the pool (device_data_pool.h).
   std::atomic<int64_t> device_data_recycled{0};
   // Large CPU buffers of compiled groups (step_memory.h): taken from the

@@ -133,25 +133,6 @@ def test_a_replay_that_draws_otherwise_or_a_state_of_another_step_raises(lazy_le
         torch.lazy.set_rng_state(state)
 
 
-def test_fast_rng_recompute_uses_the_forwards_mask(lazy_level):
-    # with fast_rng the generated code draws: the recompute must still
-    # take the forward's mask, or the gradient is another mask's
-    lazy_mlir.init(lazy_level, fast_rng=True)
-    try:
-        weight = torch.ones(32, 32).to(LAZY).requires_grad_()
-        for _ in range(2):
-            y = checkpoint(lambda w: F.dropout(w * 1.0, 0.3, True), weight, use_reentrant=False)
-            y.sum().backward()
-            torch._lazy.mark_step()
-            y_cpu, grad = y.cpu(), weight.grad.cpu()
-            weight.grad = None
-            assert 0 < (y_cpu == 0).sum() < y_cpu.numel()
-            torch.testing.assert_close(grad, y_cpu, rtol=0, atol=0)  # the kept elements' 1 / 0.7, the rest 0
-        assert_compiled()  # the draws in the generated code
-    finally:
-        lazy_mlir.init(lazy_level)
-
-
 @pytest.mark.parametrize("captured", [False, True], ids=["traced", "captured"])
 def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level, captured):
     import zoo

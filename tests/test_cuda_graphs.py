@@ -73,7 +73,7 @@ def test_which_groups_are_never_captured():
     donated = config.Config(device="cpu", donated_inputs=(0,))
     donated.device = "cuda"
     assert not cuda_graphs.eligible(donated, lowered, plain)
-    assert not cuda_graphs.eligible(gpu, lowered, drawing)  # fast_rng's draws: seeds on replay not checked
+    assert not cuda_graphs.eligible(gpu, lowered, drawing)  # an allow()ed random op: seeds on replay not checked
 
 
 def test_code_taking_host_inputs_is_not_captured():

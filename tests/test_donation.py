@@ -202,7 +202,7 @@ def test_groups_are_offered_no_buffer_where_cuda_graphs_replay_them():
     offered = [3, 1]
     for device, graphs, accepted in (("cuda", True, []), ("cuda", False, [1, 3]), ("cpu", True, [1, 3])):
         group = types.SimpleNamespace(cfg=dataclasses.replace(config.Config(), device=device, cuda_graphs=graphs,
-                                                              donate_buffers=True, ltc_thread_pool=False))
+                                                              donate_buffers=True))
         assert executables.GroupExecutable.offer_donation(group, offered) == accepted, (device, graphs)
         assert group.cfg.donated_inputs == tuple(accepted)
 

@@ -119,18 +119,6 @@ def test_an_unused_draw_still_draws(lazy_level, read_mid_step):
     assert_compiled(s, calls=1 + read_mid_step)  # a group after the masks, a graph
 
 
-def test_fast_rng_keeps_no_unused_draw():
-    """Generated draws follow no eager stream: an unused one is left out."""
-    lazy_mlir.init("O0", fast_rng=True)
-    try:
-        metrics.reset()
-        unused_draws(LAZY, 45)
-        s = metrics.snapshot()
-    finally:
-        lazy_mlir.init("O1")
-    assert s["dead_draws_kept"] == 0 and s["graph_executions"] == 1, metrics.report()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_glue_mask_draw_is_native_dropouts(dtype):
     """lazy_mlir::dropout_mask (lazy_backend/ltc_fixes/dropout_masks.h) draws

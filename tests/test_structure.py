@@ -76,17 +76,6 @@ def test_o0_builds_no_groups(lazy_level):
     assert s["graph_executions"] == 2
 
 
-def test_thread_pool_flag(lazy_level):
-    with pytest.warns(RuntimeWarning, match="parameter binding"):  # not checked on LTC's IO thread
-        lazy_mlir.init("O1", ltc_thread_pool=True)
-    try:
-        batches = mlp_batches(3, batch=5)
-        assert_same_training(train(make_mlp, sgd, batches, CPU), train(make_mlp, sgd, batches, LAZY))
-        assert_compiled(calls=3)
-    finally:
-        lazy_mlir.init("O1")
-
-
 def test_level_change_recompiles_cached_graphs(lazy_level):
     batches = mlp_batches(2, batch=6)
     lazy_mlir.init("O0")

@@ -2,8 +2,6 @@
 
 #include "ltc_fixes/source_locations.h"
 
-#include <torch/csrc/lazy/core/config.h>
-
 #include <algorithm>
 #include <mutex>
 #include <vector>
@@ -29,8 +27,6 @@ void clearLayerBoundaries() {
 }
 
 int64_t layerRegion(const torch::lazy::Node* node) {
-  // A node reused from an earlier step (IR reuse) keeps that step's order.
-  if (FLAGS_torch_lazy_reuse_ir) return -1;
   const int64_t order = traceOrder(node);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (order < 0 || g_boundaries.empty()) return -1;

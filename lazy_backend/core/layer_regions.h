@@ -9,7 +9,7 @@
 // it compiles once and serves every layer at every pattern, and a deep
 // model's cold compile is one layer's.
 //
-// Python (lazy_mlir.layer_groups) marks a boundary when a layer's forward
+// Python (lazy_mlir.cluster.layer_groups) marks a boundary when a layer's forward
 // starts and ends, and when its output's and its input's gradients are
 // computed. A node's region is the number of boundaries marked before it
 // was traced; the lowering tags the TorchScript nodes with it and the

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "core/compiled_computation.h"
-#include "ltc_fixes/ir_reuse.h"
+#include "core/backend_ir_builder.h"
 
 namespace lazy_mlir {
 
@@ -37,7 +37,7 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
   void InitializeAtenBindings() const override { ts_->InitializeAtenBindings(); }
   void PrepareToExit() const override { ts_->PrepareToExit(); }
   void SetRngSeed(size_t seed) const override { ts_->SetRngSeed(seed); }
-  const torch::lazy::IrBuilder* GetIrBuilder() const override { return irReuseBuilder(ts_->GetIrBuilder()); }
+  const torch::lazy::IrBuilder* GetIrBuilder() const override { return backendIrBuilder(ts_->GetIrBuilder()); }
   torch::lazy::BackendDataPtr MakeComputationDataFromTensor(
       const at::Tensor& tensor, const torch::lazy::Shape& shape,
       const torch::lazy::BackendDevice& device) const override {

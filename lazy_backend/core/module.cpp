@@ -1,4 +1,4 @@
-// The Python extension lazy_mlir._C: installs the backend and exposes its
+// The Python extension lazy_mlir.native._C: installs the backend and exposes its
 // hooks and counters. Everything else lives in Python.
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/FunctionalTensorWrapper.h>
@@ -17,9 +17,9 @@
 #include "ltc_fixes/dead_draws.h"
 #include "ltc_fixes/draw_stream.h"
 #include "ltc_fixes/draw_order.h"
-#include "ltc_fixes/ir_reuse.h"
 #include "optimizer/functional_update.h"
 #include "core/graph_clusterer.h"
+#include "core/backend_graph_executor.h"
 #include "ltc_fixes/batch_norm_kernel.h"
 #include "kernels/fill_kernels.h"
 #include "kernels/safe_softmax_kernel.h"
@@ -64,6 +64,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("install", [](int level, std::string config_key) {
     TORCH_CHECK(level >= 0 && level <= 2, "lazy_mlir: level must be 0, 1 or 2");
+    // Graphs run on the thread that syncs, never on LTC's IO thread pool: the
+    // parameter-binding check and buffer donation work per thread
+    // (parameter_binding.h, buffer_donation.h).
+    FLAGS_torch_lazy_use_thread_pool = false;
+    lazy_mlir::installGraphExecutor();
     installedBackend()->configure(static_cast<Level>(level), std::move(config_key));
   }, "Install the lazy_mlir LTC backend (after the TorchScript backend) and configure it.",
      py::arg("level"), py::arg("config_key"));
@@ -178,20 +183,16 @@ PYBIND11_MODULE(_C, m) {
         "The op kinds that draw from a random generator: kept in trace order (draw_order.h).");
   m.def("mark_layer_boundary", &lazy_mlir::markLayerBoundary,
         "A layer of the model starts or ends here: no fusion group spans it (layer_regions.h).");
-  m.def("keep_dead_draws", &lazy_mlir::keepDeadDraws,
+  m.def("install_dead_draws", &lazy_mlir::installDeadDraws,
         "Run random ops whose results nothing uses at the next sync of every live tensor, as eager does "
-        "(dead_draws.h).", py::arg("on"));
+        "(dead_draws.h).");
   m.def("draw_position", &lazy_mlir::drawPosition,
         "(step, position of the next draw in its stream): the lazy device's random state (draw_stream.h).");
   m.def("set_draw_position", &lazy_mlir::setDrawPosition, py::arg("step"), py::arg("position"),
         "The next draws replay the step's stream from `position` (draw_stream.h).");
-  m.def("set_ltc_thread_pool", [](bool on) { FLAGS_torch_lazy_use_thread_pool = on; });
-  m.def("set_ir_reuse", &lazy_mlir::setIrReuse, "Reuse last step's IR nodes (ir_reuse.h).", py::arg("on"));
   m.def("set_device_data_pool", &lazy_mlir::setDeviceDataPool,
         "Recycle device-data nodes nothing holds any more (device_data_pool.h; on by default).", py::arg("on"));
-  m.def("nodes_built", &lazy_mlir::nodesBuilt, "IR nodes built so far (a node reused from an earlier step is not).");
-  m.def("pause_ir_reuse", &lazy_mlir::pauseIrReuse, py::arg("paused"));
-  m.def("ir_reuse_step_boundary", &lazy_mlir::irReuseStepBoundary);
+  m.def("nodes_built", &lazy_mlir::nodesBuilt, "IR nodes built so far.");
   // LTC calls the frame function (source_locations.h) only with this flag.
   m.def("set_ltc_ir_debug", [](bool on) { FLAGS_torch_lazy_ir_debug = on; });
   m.def("functional_bases", &lazy_mlir::functionalBases);

@@ -9,7 +9,6 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
-#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -17,7 +16,6 @@ namespace lazy_mlir {
 
 namespace {
 
-std::atomic<bool> g_keep{false};
 std::mutex g_mutex;
 std::vector<torch::lazy::NodePtr> g_draws;  // random nodes built since the last live sync, in trace order
 
@@ -41,7 +39,7 @@ class DrawRecorder final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     kernel_.callBoxed(op, keys, stack);
     const size_t first_output = stack->size() - op.schema().returns().size();
-    if (streamDraw(op, stack, first_output) || !g_keep.load(std::memory_order_relaxed)) return;
+    if (streamDraw(op, stack, first_output)) return;
     for (size_t i = first_output; i < stack->size(); ++i) remember((*stack)[i]);
   }
 
@@ -73,11 +71,9 @@ void wrapRandomKernels() {
 
 }  // namespace
 
-void keepDeadDraws(bool on) {
-  static const bool wrapped = (wrapRandomKernels(), true);  // the draw stream needs them either way
+void installDeadDraws() {
+  static const bool wrapped = (wrapRandomKernels(), true);
   (void)wrapped;
-  g_keep = on;
-  if (!on) forgetDraws();
 }
 
 void addDeadDraws(std::vector<torch::lazy::LazyTensorPtr>* tensors, const torch::lazy::BackendDevice& device) {

@@ -18,11 +18,10 @@
 
 namespace lazy_mlir {
 
-// Turns the keeping of dead draws on or off (off with Config.fast_rng, whose
-// generated draws follow no eager stream). The first call wraps the Lazy
-// kernels of draw_order.h's random ops (set by setRandomOps before), on or
-// off: the wrapper also keeps the step's draws for draw_stream.h.
-void keepDeadDraws(bool on);
+// Wraps the Lazy kernels of draw_order.h's random ops (set by setRandomOps
+// before) to remember their draws (once; later calls do nothing). The
+// wrapper also keeps the step's draws for draw_stream.h.
+void installDeadDraws();
 
 // At a sync of every live tensor: appends to `tensors` a tensor for each
 // dead draw traced since the last such sync, and forgets the others (they

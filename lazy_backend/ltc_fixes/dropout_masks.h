@@ -1,5 +1,5 @@
-// DropoutMasks: with eager's masks (no Config.fast_rng) a dropout runs in
-// the TorchScript glue, where the random generator is eager's. LTC's
+// DropoutMasks: a dropout runs in the TorchScript glue, where the random
+// generator is eager's. LTC's
 // aten::native_dropout reads the activation it drops, so each dropout in
 // the glue cut the step's generated code in two: the groups before it,
 // the groups after it, the activations crossing between them (a

@@ -18,7 +18,7 @@
 // index). A computation remembers the hash it was compiled for
 // (GraphBinding); LazyMlirBackend::ExecuteComputation compares, and on a
 // mismatch lowers the current graph (its nodes are alive then: LTC executes
-// inside the sync unless FLAGS_torch_lazy_use_thread_pool is set) and keeps
+// inside the sync, its IO thread pool being off) and keeps
 // the result as the computation's variant for that binding.
 #pragma once
 

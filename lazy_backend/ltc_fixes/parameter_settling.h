@@ -1,4 +1,4 @@
-// What lazy_mlir.steady_state needs below Python to settle parameters before
+// What lazy_mlir.trace.steady_state needs below Python to settle parameters before
 // a first training step, so that the step traces the steady-state graph.
 #pragma once
 

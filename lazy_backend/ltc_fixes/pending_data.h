@@ -23,7 +23,7 @@ namespace lazy_mlir {
 // If `tensor` has no data handle and its pending value is a device-data
 // node, as is or through detach and alias copies, gives it that node's data
 // and returns true. The backend's graph executor calls it for every tensor
-// a sync collects (ir_reuse.cpp).
+// a sync collects (core/backend_graph_executor.h).
 bool settlePendingData(const torch::lazy::LazyTensorPtr& tensor);
 
 }  // namespace lazy_mlir

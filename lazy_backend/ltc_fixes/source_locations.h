@@ -40,8 +40,7 @@ class WithoutUserFrames {
   WithoutUserFrames& operator=(const WithoutUserFrames&) = delete;
 };
 
-// How many IR nodes were built so far (every node built gets a trace order;
-// a node reused from an earlier step is not built again).
+// How many IR nodes were built so far (every node built gets a trace order).
 int64_t nodesBuilt();
 
 }  // namespace lazy_mlir

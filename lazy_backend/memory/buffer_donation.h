@@ -7,7 +7,7 @@
 // fusion group (no TorchScript op, no other group, not a graph output, so
 // not returned as is to a lazy tensor that outlives the step) is a candidate
 // of that group. The group's lowering may write an output into a
-// candidate's buffer (lazy_mlir.donation: aten.copy_ into the input, kept by
+// candidate's buffer (lazy_mlir.codegen.donation: aten.copy_ into the input, kept by
 // Inductor as an input mutation).
 //
 // Run time, in ExecuteComputation before the glue graph runs: a candidate's
@@ -21,8 +21,7 @@
 //  - its storage by that one tensor (no view of it anywhere).
 // CompiledGroup::run hands dead buffers to the generated code as they are
 // and clones any other candidate first: the code then writes into the copy
-// (one copy, still correct). With LTC's IO thread (ltc_thread_pool) the sync
-// record does not describe the execution and every candidate is cloned.
+// (one copy, still correct).
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>

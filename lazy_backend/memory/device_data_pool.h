@@ -1,5 +1,6 @@
-// DeviceDataPool: device-data IR nodes recycled from step to step (while IR
-// reuse is off; ir_reuse.h has its own).
+// DeviceDataPool: device-data IR nodes recycled from step to step (the
+// backend's IR builder, core/backend_ir_builder.h, makes its device-data
+// nodes here).
 //
 // Every tensor a step writes (a parameter, its optimizer state, a batch-norm
 // buffer) holds plain data after mark_step, and the next step that reads it

@@ -1,7 +1,5 @@
 #include "nodes/builtin_op_node.h"
 
-#include "ltc_fixes/ir_reuse.h"
-
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -18,22 +16,8 @@ BuiltinOpNode::BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands,
                              std::vector<torch::lazy::Shape>&& shapes, std::vector<Argument> arguments,
                              std::vector<int64_t> list_sizes, torch::lazy::hash_t hash)
     : TsNode(torch::lazy::OpKind(op), operands, std::move(shapes), /*num_outputs=*/shapes.size(), hash),
-      seed_(hash),
       arguments_(std::move(arguments)),
       list_sizes_(std::move(list_sizes)) {}
-
-bool BuiltinOpNode::CanBeReused(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
-                                const std::vector<torch::lazy::Shape>& shapes, const std::vector<int64_t>& list_sizes,
-                                torch::lazy::hash_t hash) const {
-  if (this->op().op != op || seed_ != hash || list_sizes_ != list_sizes || !this->shapes().equals(shapes) ||
-      this->operands().size() != operands.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < operands.size(); ++i) {
-    if (this->operands()[i].node != operands[i].node.get() || this->operands()[i].index != operands[i].index) return false;
-  }
-  return true;  // the constants are in the seed
-}
 
 torch::lazy::TSOpVector BuiltinOpNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                              torch::lazy::TSLoweringContext* loctx) const {
@@ -251,15 +235,8 @@ torch::lazy::NodePtr makeBuiltinNode(c10::Symbol op, const std::vector<torch::la
                                      std::vector<torch::lazy::Shape>&& shapes,
                                      std::vector<BuiltinOpNode::Argument>&& arguments,
                                      const std::vector<int64_t>& list_sizes, torch::lazy::hash_t hash) {
-  torch::lazy::NodePtr node = reuseFromTrie<BuiltinOpNode>([&](const BuiltinOpNode& candidate) {
-    return candidate.CanBeReused(op, operands, shapes, list_sizes, hash);
-  });
-  if (node == nullptr) {
-    node = torch::lazy::MakeNode<BuiltinOpNode>(op, operands, std::move(shapes), std::move(arguments), list_sizes,
-                                                hash);
-    torch::lazy::CacheNode(node);
-  }
-  return node;
+  return torch::lazy::MakeNode<BuiltinOpNode>(op, operands, std::move(shapes), std::move(arguments), list_sizes,
+                                              hash);
 }
 
 torch::lazy::hash_t hashConstantArgument(torch::lazy::hash_t hash, const std::string& name,

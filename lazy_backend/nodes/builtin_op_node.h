@@ -4,7 +4,7 @@
 // forcing an eager fallback (a graph execution) at every call.
 //
 // traceBuiltin() is its entry from Python: the Lazy-key kernel registered by
-// lazy_mlir.lazy_kernels gives the op, its arguments and the output shapes
+// lazy_mlir.trace.lazy_kernels gives the op, its arguments and the output shapes
 // (from meta kernels) and gets lazy tensors back.
 #pragma once
 
@@ -35,19 +35,12 @@ class BuiltinOpNode : public torch::lazy::TsNode {
   BuiltinOpNode(c10::Symbol op, torch::lazy::OpList operands, std::vector<torch::lazy::Shape>&& shapes,
                 std::vector<Argument> arguments, std::vector<int64_t> list_sizes, torch::lazy::hash_t hash);
 
-  // For IR reuse (ir_reuse.h): the same op, constants and output shapes, on
-  // the very same operand nodes (not merely equal hashes).
-  bool CanBeReused(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
-                   const std::vector<torch::lazy::Shape>& shapes, const std::vector<int64_t>& list_sizes,
-                   torch::lazy::hash_t hash) const;
-
   torch::lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                 torch::lazy::TSLoweringContext* loctx) const override;
 
   std::string ToString() const override;
 
  private:
-  torch::lazy::hash_t seed_;  // the op and its constants
   std::vector<Argument> arguments_;
   std::vector<int64_t> list_sizes_;
 };
@@ -70,10 +63,9 @@ torch::lazy::hash_t hashConstant(const c10::IValue& constant);
 torch::lazy::hash_t hashConstantArgument(torch::lazy::hash_t hash, const std::string& name,
                                          const c10::IValue& constant);
 
-// The BuiltinOpNode of `op` on `operands`, reused from the IR trie where an
-// equal one exists (ir_reuse.h). `hash` starts from the qualified name and
-// overload ("aten::sin.default") and takes each constant argument by
-// hashConstantArgument, in schema order.
+// The BuiltinOpNode of `op` on `operands`. `hash` starts from the qualified
+// name and overload ("aten::sin.default") and takes each constant argument
+// by hashConstantArgument, in schema order.
 torch::lazy::NodePtr makeBuiltinNode(c10::Symbol op, const std::vector<torch::lazy::Value>& operands,
                                      std::vector<torch::lazy::Shape>&& shapes,
                                      std::vector<BuiltinOpNode::Argument>&& arguments,

@@ -1,4 +1,4 @@
-// Adam's per-step bookkeeping for lazy_mlir.fused_optimizer, in one call:
+// Adam's per-step bookkeeping for lazy_mlir.trace.fused_optimizer, in one call:
 // each parameter's CPU step count advanced (Adam's `step_t += 1`) and the
 // per-step scalars computed as torch's single-tensor Adam does in Python
 // doubles, one lazy device-data tensor per distinct step count.

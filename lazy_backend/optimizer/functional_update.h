@@ -1,5 +1,5 @@
 // In-place updates of many functionalized lazy tensors by one traced node
-// (lazy_mlir.fused_optimizer: an Adam step as one lazy_mlir::adam_step node
+// (lazy_mlir.trace.fused_optimizer: an Adam step as one lazy_mlir::adam_step node
 // over tensor lists): what functionalization's generated kernel of an
 // in-place op does (replace, commit, sync, bump the version), from one call.
 // (The generated kernels of list ops refuse an empty list among the mutated

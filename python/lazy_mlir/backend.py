@@ -5,7 +5,6 @@ The package's top: it may import every stage."""
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch  # noqa: F401 - loads libtorch before our extension
 import torch._lazy
@@ -44,11 +43,10 @@ def init(level: str = "O1", **options) -> config.Config:
     config.current = cfg
     # traced ops record their trace order (random draws keep it) and the user's frame
     _C.install_source_locations(list(syncs.INTERNAL_DIRS), record_frames=cfg.source_lines)
-    # all of them, fast_rng or not: a value read mid-step that depends on a
-    # draw syncs the whole step (value_reads.h), or the step would draw again
+    # a value read mid-step that depends on a draw syncs the whole step
+    # (value_reads.h), or the step would draw again
     _C.set_random_ops(sorted(compilable.RANDOM_OPS))
-    # unused draws run too, as in eager; fast_rng's draws follow no eager stream
-    _C.keep_dead_draws(not cfg.fast_rng)
+    _C.install_dead_draws()  # unused draws run too, as in eager
     device_module.install()  # torch.lazy: checkpointing's recompute draws the forward's numbers again
     autocast.install(cfg.device)  # torch.autocast("lazy"), with the backing device's cast policy
     _C.set_ltc_ir_debug(True)  # LTC calls the frame function only in IR-debug mode
@@ -62,12 +60,6 @@ def init(level: str = "O1", **options) -> config.Config:
     if cfg.fuse_optimizer:  # torch.optim.adam.adam stays torch's own until asked for
         fused_optimizer.install()  # Adam/AdamW steps as one traced node
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
-    if cfg.ltc_thread_pool:
-        warnings.warn("lazy_mlir: ltc_thread_pool=True runs graphs on LTC's IO thread, where a cached graph is "
-                      "not checked for its parameter binding (see README, \"A cached graph runs with the current "
-                      "graph's parameter binding\")", RuntimeWarning, stacklevel=2)
-    _C.set_ltc_thread_pool(cfg.ltc_thread_pool)
-    _C.set_ir_reuse(cfg.reuse_ir)
     _C.set_native_calls(cfg.native_calls)
     _C.set_step_memory(cfg.step_memory)
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")

@@ -31,11 +31,6 @@ class Config:
     # Print a line to stderr when a group starts and ends compiling (cold
     # compiles of a whole training step take tens of seconds).
     progress: bool = True
-    # Run LTC's graph executions on its IO thread pool (FLAGS_torch_lazy_use_thread_pool).
-    ltc_thread_pool: bool = False
-    # Reuse last step's IR nodes when a step traces the same op sequence
-    # (FLAGS_torch_lazy_reuse_ir): skips shape inference and node creation.
-    reuse_ir: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_REUSE_IR", False))
     # At O2, an op that would run eagerly is an "error" naming the op and the
     # source line, or only a "warn"ing (the op then runs on the CPU).
     o2_fallback: str = "error"
@@ -118,13 +113,6 @@ class Config:
     # LTC sync on GPT-mini, its generated code as fast or faster (docs/performance.md).
     # LAZY_MLIR_FUSE_OPTIMIZER=0 turns it off.
     fuse_optimizer: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FUSE_OPTIMIZER", True))
-    # Dropout masks and other random draws (compilable.GENERATED_RANDOM_OPS)
-    # made by the generated code from a seed it draws from torch's generator
-    # at each run, as torch.compile does, instead of by aten's kernels in the
-    # TorchScript glue in eager's order: a dropout model's step is one group,
-    # and its masks are as random but not eager's. Reproducible under
-    # torch.manual_seed. Off by default; LAZY_MLIR_FAST_RNG=1 turns it on.
-    fast_rng: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_FAST_RNG", False))
     # A fusion group per repeated layer (lazy_mlir.cluster.layer_groups): "auto" for
     # models that skip layers at random (LayerDrop), "on" for every model,
     # "off" for none (LAZY_MLIR_LAYER_GROUPS=auto, 1 or 0).
@@ -150,7 +138,7 @@ class Config:
     log: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_LOG", ""))
 
     # Fields that do not change compiled code (so not part of key()).
-    _NOT_IN_KEY = ("dump_dir", "ltc_thread_pool", "reuse_ir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
+    _NOT_IN_KEY = ("dump_dir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
                    "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs",
                    "step_memory", "layer_groups", "moe_eager_grads", "check")

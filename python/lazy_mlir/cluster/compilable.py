@@ -13,8 +13,6 @@ import contextlib
 
 import torch
 
-from .. import config
-
 NOT_COMPILABLE, COMPUTE, PLUMBING = 0, 1, 2
 
 PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit", "aten::IntImplicit",
@@ -22,8 +20,7 @@ PLUMBING_KINDS = {"prim::Constant", "prim::ListConstruct", "aten::ScalarImplicit
 
 # Ops kept in TorchScript: host syncs, and random ops whose stream of draws
 # must match eager PyTorch exactly (the C++ core keeps RANDOM_OPS in trace
-# order: lazy_backend/ltc_fixes/draw_order.h), unless Config.fast_rng lets the
-# generated code draw GENERATED_RANDOM_OPS. randn, randn_like and normal_
+# order: lazy_backend/ltc_fixes/draw_order.h). randn, randn_like and normal_
 # trace as normal_functional (functionalization's name for normal_).
 HOST_SYNCS = {"aten::_local_scalar_dense", "aten::item"}
 RANDOM_OPS = {
@@ -37,10 +34,6 @@ RANDOM_OPS = {
 # and aten's Meta kernel refuses other dtypes: aten's kernel runs in the glue.
 UNGENERATED = {"aten::_grouped_mm"}
 DENIED = HOST_SYNCS | RANDOM_OPS | UNGENERATED
-# Random ops the generated code draws itself with Config.fast_rng: what
-# dropout, bernoulli, rand(_like), randn(_like), uniform_ and normal_ trace
-# as (each through the whole chain in tests/test_fast_rng.py).
-GENERATED_RANDOM_OPS = {"aten::native_dropout", "aten::bernoulli", "aten::uniform", "aten::normal_functional"}
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")
 # Ops returning tensor lists that the TS -> FX conversion expands into
@@ -76,6 +69,8 @@ def generation() -> int:
 
 
 def draws_random(graph: torch._C.Graph) -> bool:
+    """Whether a group's graph runs random ops: only one the user let in
+    with ``allow()`` (the denied ones draw in the TorchScript glue)."""
     return any(node.kind() in RANDOM_OPS for node in graph.nodes())
 
 
@@ -114,7 +109,7 @@ def classify(node: torch._C.Node) -> int:
         # producer's depth, so in its group; of anything else: TorchScript.
         producer = node.input().node().kind()
         return COMPUTE if producer in LIST_RETURNING and _unpacked_tensor_list(node.input()) else NOT_COMPILABLE
-    if kind in _allowed or (kind in GENERATED_RANDOM_OPS and config.current.fast_rng):
+    if kind in _allowed:
         return COMPUTE
     if not kind.startswith(COMPILED_NAMESPACES) or kind in DENIED:
         return NOT_COMPILABLE

@@ -91,8 +91,8 @@ def _warn_if_masks_differ_from_eager(model: torch.nn.Module) -> None:
     between eager's dropout masks; the lazy step draws its masks on that
     generator when it runs, after every decision of the step: as random,
     but other masks than eager's. On a GPU the masks come from the CUDA
-    generator, and fast_rng draws its own: nothing to compare there."""
-    if config.current.device != "cpu" or config.current.fast_rng or not _has_dropout(model):
+    generator: nothing to compare there."""
+    if config.current.device != "cpu" or not _has_dropout(model):
         return
     warnings.warn(f"lazy_mlir: {type(model).__name__} skips layers at random (LayerDrop) on the host's generator "
                   "and has dropout: its dropout masks are drawn after the step's skip decisions, not between "

@@ -175,8 +175,7 @@ execution = 0  # serial number of the graph execution running now (or last), nev
 def on_execute(draws: bool = False) -> bool:
     """Before a graph execution. From mark_step: nothing to say. From any other
     Python code: a value was read mid-step (or an op fell back to the CPU,
-    which reads its inputs). From LTC's IO thread (no Python caller, with
-    ``ltc_thread_pool``): mark_step's and value reads cannot be told apart.
+    which reads its inputs).
     ``draws``: the graph runs random ops (dropout's bernoulli...): read
     mid-step, they warn (see ``_warn_redraw``).
     Returns True under mark_step: its sync takes every pending graph, which

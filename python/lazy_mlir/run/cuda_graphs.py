@@ -18,9 +18,10 @@ Not captured: groups with collectives (NCCL's own streams), with buffers
 donated to the code (written in place by design: with CUDA graphs on,
 groups are offered none), and code that takes an
 input off the GPU (a host value read at launch would be baked in). Random
-ops reach a group only with Config.fast_rng (otherwise they draw in the
-TorchScript glue, whose results are inputs); such a group is not captured
-(a replay's seeds are not checked on a GPU yet). A capture that fails
+ops reach a group only when the user lets one in (``compilable.allow``:
+otherwise they draw in the TorchScript glue, whose results are inputs);
+such a group is not captured (a replay's seeds are not checked on a GPU
+yet). A capture that fails
 leaves the code running as before, with a warning.
 """
 from __future__ import annotations

@@ -282,8 +282,8 @@ class GroupExecutable:
         reads (lazy_backend/memory/buffer_donation.h); the code may write outputs into
         those accepted (lazy_mlir.codegen.donation), which become part of the group's
         configuration, hence of its cache key."""
-        if not self.cfg.donate_buffers or self.cfg.ltc_thread_pool or not positions:
-            return []  # with LTC's IO thread no buffer is ever known dead: every one would be copied
+        if not self.cfg.donate_buffers or not positions:
+            return []
         if cuda_graphs.wanted(self.cfg):
             return []
         accepted = tuple(sorted(int(k) for k in positions))

@@ -76,7 +76,6 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .. import config
 from ..native import _C
 from ..observe import metrics, syncs
 
@@ -899,27 +898,6 @@ def _register_index_select(op) -> None:
     _REPLACED.add(_qualified(op))
 
 
-def _register_explicit_weight(op) -> None:
-    """LTC's IR reuse (``Config.reuse_ir``) never reuses a node whose absent
-    optional operand comes before a present one: its generated
-    ``CanBeReused`` counts the absent operand, which the node did not store,
-    and compares the next operand in its place. ``nll_loss_backward``
-    (``weight=None``, then ``total_weight``) begins every cross-entropy
-    backward, and the trace then leaves the trie for the whole backward and
-    optimizer step. An absent weight is passed as ones: the same values
-    (``-weight[target] * grad / total_weight``), only while reuse is on."""
-    ltc = torch.library.get_kernel(op, "Lazy")
-    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Lazy)
-
-    def kernel(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-        if weight is None and config.current.reuse_ir:
-            weight = aten.ones.default([self.shape[1 if self.dim() > 1 else 0]], dtype=self.dtype, device=self.device)
-        return ltc.call_boxed(keys, grad_output, self, target, weight, reduction, ignore_index, total_weight)
-
-    _LIB.impl(_qualified(op)[len("aten::"):], kernel, "Lazy")
-    _REPLACED.add(_qualified(op))
-
-
 def _register_histc_of_integers(op) -> None:
     """CPU has no integer histogram, CUDA has: code that picks integer
     input off the CPU (transformers' MoE routing counts tokens per expert
@@ -951,8 +929,6 @@ def _register_running_stats_written(op) -> None:
 
 
 LTC_REPLACED = {
-    "nll_loss_backward": _register_explicit_weight,
-    "nll_loss2d_backward": _register_explicit_weight,
     "pixel_shuffle": _register_composite_functionalized,
     "pixel_unshuffle": _register_composite_functionalized,
     "max_pool3d": _register_math_autograd,

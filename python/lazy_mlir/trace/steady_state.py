@@ -114,19 +114,12 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     feeds both): the first step's group inputs then alias alike."""
     _decided(model)
     layer_groups.attach(model)
-    # IR reuse: the setup graph is traced inside the first step (from its
-    # first forward), and must not change how the step traces (ir_reuse.h)
-    _C.pause_ir_reuse(True)
-    try:
-        with torch.no_grad():
-            for p in params:
-                p.mul_(True if p.dtype == torch.bool else 1)  # a bool one (a frozen mask) stays bool
-        _setup_sync(params + _C.functional_bases(params) + _lazy_buffers(model))
-        _C.share_base_buffers(params)
-        _C.own_buffers(params)
-    finally:
-        _C.pause_ir_reuse(False)
-    _C.ir_reuse_step_boundary()
+    with torch.no_grad():
+        for p in params:
+            p.mul_(True if p.dtype == torch.bool else 1)  # a bool one (a frozen mask) stays bool
+    _setup_sync(params + _C.functional_bases(params) + _lazy_buffers(model))
+    _C.share_base_buffers(params)
+    _C.own_buffers(params)
 
 
 def _lazy_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
