@@ -11,19 +11,13 @@ import pytest
 _SESSION_CACHE = tempfile.mkdtemp(prefix="lazy_mlir_test_cache_")
 os.environ["LAZY_MLIR_CACHE_DIR"] = _SESSION_CACHE
 atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
-# Tests check the generated code at each new size in the step that brings
-# it: generic compiles wait in the step (the default, compiling them in the
-# background meanwhile running TorchScript, is test_background_compile's).
-os.environ["LAZY_MLIR_BACKGROUND_COMPILE"] = "0"
-# Likewise first steps compile in the step, one group after the other (side by
-# side, running TorchScript meanwhile, is test_parallel_compile's and the zoo's).
-os.environ["LAZY_MLIR_COMPILE_WORKERS"] = "0"
-# The suite runs the defaults, Inductor's C++ wrapper and each static CPU
-# group compiled in a worker process: since the wrapper is built apart from
-# the kernels, one gcc run for all of a group's kernels costs less than the
-# Python wrapper's one per kernel (the whole suite 20:18 against 27:46 cold,
-# 2026-12-05). Tests marked python_wrapper watch the in-process pipeline
-# (stages monkeypatched or counted, runs made to fail) and get the Python one.
+# The suite runs the product's defaults: background compiles, compile
+# workers, Inductor's C++ wrapper, each static CPU group compiled in a worker
+# process. Tests marked compiles_in_step check generated code in the very
+# step that brings a new graph or size, so their compiles wait in the step;
+# tests marked python_wrapper watch the in-process pipeline (stages
+# monkeypatched or counted, runs made to fail) and get the Python wrapper.
+# Each marker says why where it is used.
 # make test runs two pytest-xdist workers: one OpenMP thread each (torch
 # reads this at import; children inherit it), else each worker's second
 # thread spins at every barrier on the core the other worker needs (the
@@ -50,23 +44,40 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: each file's tests keep their order
 
 
+# What each marker sets (environment variables: read by each Config, and
+# inherited by the processes a test starts).
+_IN_STEP = {"LAZY_MLIR_BACKGROUND_COMPILE": "0", "LAZY_MLIR_COMPILE_WORKERS": "0"}
+_MARKED = {
+    # new graphs and sizes compile in the step that brings them: one group
+    # after the other, shape-generic code too (not side by side, not in the
+    # background while the step runs TorchScript)
+    "compiles_in_step": _IN_STEP,
+    # compiled in this process with the Python wrapper, group runs called
+    # from Python: the in-process pipeline such a test instruments
+    "python_wrapper": {**_IN_STEP, "LAZY_MLIR_CPP_WRAPPER": "0"},
+}
+
+
 @pytest.fixture(autouse=True)
-def _python_wrapper_when_marked(request):
-    """A python_wrapper test compiles in this process, with the Python
-    wrapper, its group runs called from Python: the pipeline it instruments."""
-    if request.node.get_closest_marker("python_wrapper") is None:
+def _configured_as_marked(request):
+    settings = {}
+    for marker, env in _MARKED.items():
+        if request.node.get_closest_marker(marker) is not None:
+            settings.update(env)
+    if not settings:
         yield
         return
-    before = os.environ.get("LAZY_MLIR_CPP_WRAPPER")
-    os.environ["LAZY_MLIR_CPP_WRAPPER"] = "0"  # read by each Config, children inherit it
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     lazy_mlir.init("O1")
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["LAZY_MLIR_CPP_WRAPPER"]
-        else:
-            os.environ["LAZY_MLIR_CPP_WRAPPER"] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
         lazy_mlir.init("O1")
 
 

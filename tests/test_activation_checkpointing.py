@@ -62,6 +62,7 @@ def _seeded(make):
     return made
 
 
+@pytest.mark.compiles_in_step("checks the recompute's draws in generated code from the first step on")
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_a_checkpointed_recompute_draws_the_forwards_numbers(lazy_level, reentrant):
     make = _seeded(lambda: CheckpointedNoisy(reentrant))
@@ -75,6 +76,7 @@ def test_a_checkpointed_recompute_draws_the_forwards_numbers(lazy_level, reentra
     assert metrics.snapshot()["graph_executions"] == 3, metrics.report()
 
 
+@pytest.mark.compiles_in_step("checks the recompute's draws in generated code from the first step on")
 def test_a_value_read_before_the_backward_keeps_the_forwards_draws(lazy_level):
     # loss.item() before backward syncs every live tensor (the loss depends
     # on draws); nothing else keeps a checkpointed forward's masks, so the

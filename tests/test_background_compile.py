@@ -190,6 +190,7 @@ def repeat_in_torchscript():
     lazy_mlir.init("O1")
 
 
+@pytest.mark.compiles_in_step("the graph's first run compiles its groups in the step, as the name says (compile workers would defer them)")
 def test_a_graph_first_run_compiles_its_groups_of_one_family_in_the_step(lazy_level, repeat_in_torchscript):
     """Two groups of one family at two sizes in one graph (T5's encoder and
     decoder attention): its first run compiles anyway, so the second size

@@ -35,6 +35,7 @@ def independent_branches(device, n):
 
 @pytest.mark.parametrize("level, options", [("O0", {}), ("O1", {}), ("O1", {"source_lines": False})],
                          ids=["O0", "O1", "O1-no-source-lines"])
+@pytest.mark.compiles_in_step("checks each step's draws came from generated code, the first step's too")
 def test_draws_match_eager(level, options):
     n = 37 + len(options) + 2 * (level == "O0")  # a graph of its own per case (LTC caches by structure)
     lazy_mlir.init(level, **options)
@@ -74,6 +75,7 @@ def every_kind_of_draw(device):
     return torch.stack([o.cpu() for o in out])
 
 
+@pytest.mark.compiles_in_step("checks each step's draws came from generated code, the first step's too")
 def test_every_kind_of_draw_matches_eager(lazy_level):
     # randn and normal_ trace as aten::normal_functional: once missing from
     # RANDOM_OPS, they compiled into a group and drew Inductor's numbers

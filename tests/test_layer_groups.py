@@ -81,6 +81,7 @@ def layers_marked():
     lazy_mlir.init("O1")
 
 
+@pytest.mark.compiles_in_step("counts each skip pattern's compiles and generated code in its own step")
 def test_a_new_skip_pattern_compiles_no_group(layers_marked):
     """Once every layer has run (its first update makes its optimizer state:
     other code), a new skip pattern is a new step graph whose groups are all
@@ -171,6 +172,7 @@ def _train_m2m100(device, steps, patterns=None):
 SKIP_SEED = 138  # step 0 runs every layer; steps 1 and 2 skip one encoder layer each: two new patterns
 
 
+@pytest.mark.compiles_in_step("counts each skip pattern's compiles and generated code in its own step")
 def test_hf_layerdrop_compiles_its_layers_once(lazy_level):
     """Hugging Face M2M100 with its encoder's and decoder's LayerDrop, under
     the default layer_groups="auto": after the first step, new skip patterns

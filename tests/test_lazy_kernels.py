@@ -422,6 +422,7 @@ def test_ops_without_meta_kernel_trace_with_our_shape_functions(lazy_level):
     assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
 
 
+@pytest.mark.compiles_in_step("one step: its generated code is what is checked")
 def test_moe_routing_counts_and_grouped_products_trace_in_the_step(lazy_level):
     """transformers' MoE experts (Mixtral, Qwen3-MoE) count tokens per
     expert with histc on integers off the CPU, and multiply each expert's

@@ -103,6 +103,7 @@ def test_overlapping_strided_chunks_of_a_transposed_tensor_are_eagers(lazy_level
     assert steps[0]["graph_executions"] == 1, steps[0]
 
 
+@pytest.mark.compiles_in_step("one step: its generated code is what is checked")
 def test_ceil_mode_average_pool_gradients_are_eagers(lazy_level):
     """Inductor's avg_pool2d/3d backward divides a window that ceil_mode
     cuts short by its whole size when padding counts (torch.compile's

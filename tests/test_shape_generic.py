@@ -17,6 +17,10 @@ from lazy_mlir.compile.shape_generic import SizeExpr, explain
 from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled, assert_same_training, train, train_token_batches
 
+# each new size's code is checked in the step that brings it (the background
+# route, where the step runs TorchScript meanwhile, is test_background_compile's)
+pytestmark = pytest.mark.compiles_in_step("new sizes compile in their step")
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
 

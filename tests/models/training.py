@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import lazy_mlir
 from lazy_mlir.observe import metrics
 import zoo
 
@@ -45,7 +46,6 @@ def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: fl
     spec = zoo.SPECS[v.model]
     model = zoo.make_model(v, dtype)
     if capture:
-        import lazy_mlir
         lazy_mlir.capture(model)
     with torch.no_grad():
         for p in model.parameters():
@@ -79,6 +79,9 @@ def train(v: zoo.Variant, device: torch.device, dtype=torch.float64, perturb: fl
         if i == 0:
             run.first_step_s = time.perf_counter() - start
         if lazy and (i + 1 == len(data) or phase_of[i + 1] != phase_of[i]):
+            # a compile the phase started in the background (a new length's
+            # shape-generic code) is the phase's: counted before it ends
+            lazy_mlir.wait_for_compiles()
             run.phases[phase_of[i]] = metrics.snapshot()
             run.reports[phase_of[i]] = metrics.report()
     with torch.no_grad():  # p.detach() would trace a detach_copy and run a graph per parameter

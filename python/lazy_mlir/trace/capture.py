@@ -88,6 +88,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..compile import background
 from ..native import _C
 from ..observe import metrics, syncs
 from . import autocast, device_module, transformers_compat
@@ -666,7 +667,10 @@ class CapturedForward:
 
         _recording.active = True
         try:
-            with python:
+            # a record is a compile (AOTAutograd, functionalization): one at a
+            # time with the compiles on the background thread, whose torch
+            # state it would share ("Expected current_level > 0")
+            with background.compile_lock, python:
                 outputs = compiled(*(fake(t) for t in state), *(fake(leaves[i]) for i in tensor_at))
                 _record_backward(outputs)
         finally:
