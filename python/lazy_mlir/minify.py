@@ -147,6 +147,7 @@ def _copies(inputs):
 
 def _codegen_disagrees(graph: bytes, inputs: list, options: dict) -> bool:
     """Whether lazy_mlir's code for a graph disagrees with eager (the checker's tolerances)."""
+    # the compiler: in the trial worker only
     from .codegen import inductor
     from .lowering.group_lowering import fake_inputs_of
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from ..native import _C
+
 
 @functools.cache
 def _malloc_trim():
@@ -23,7 +25,6 @@ def _malloc_trim():
 
 
 def give_back() -> None:
-    from ..native import _C
     _C.release_step_memory()
     trim = _malloc_trim()
     if trim is not None:

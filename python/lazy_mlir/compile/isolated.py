@@ -37,15 +37,17 @@ import time
 import torch
 
 from .. import config
+from ..cache import group_key
 from ..lowering.lowered_group import LoadOnFirstCall, LoweredGroup
 from ..observe import metrics
+from . import parallel
 
 # The worker stays this long after its last compile (a graph's compiles come
 # together; a later recompile then skips its ~5 s start), then ends.
 IDLE_SECONDS = 60.0
 
 _lock = threading.Lock()
-_worker = None  # parallel_compile.WorkerProcess
+_worker = None  # parallel.WorkerProcess
 _idle_timer: threading.Timer | None = None
 
 
@@ -93,9 +95,8 @@ def input_message(inputs: list[torch.Tensor]) -> dict:
     (the passes bake some into the code, and the code the worker runs once
     may compute an index from one: Funnel's position gather read out of
     bounds on zeros, which ended the worker)."""
-    from .parallel import input_layout
     first: dict[int, int] = {}
-    return {"layouts": [input_layout(t) for t in inputs],
+    return {"layouts": [parallel.input_layout(t) for t in inputs],
             "same_as": [first.setdefault(id(t), i) for i, t in enumerate(inputs)],
             "scalars": {i: t.item() for i, t in enumerate(inputs) if t.dim() == 0}}
 
@@ -161,7 +162,6 @@ def _adopted(artefact: bytes, plan, guards: list, collective_bytes: dict, artifa
 
 
 def _group_job(kind: str, graph: torch._C.Graph, inputs: list[torch.Tensor], name: str, cfg: config.Config) -> dict:
-    from ..cache import group_key
     # Pickled here: the connection's own pickler would send tensors through
     # shared memory (torch.multiprocessing's reductions), which needs an authkey.
     return {"kind": kind, "payload": pickle.dumps({
@@ -186,7 +186,7 @@ def _ask(job: dict, name: str, cfg: config.Config, expected: str | None = None) 
 
 
 def _load_artefact(artefact: bytes):
-    from ..codegen import inductor
+    from ..codegen import inductor  # here: a run C++ does not take is the only one that loads Inductor
     return inductor.load_artefact(artefact)
 
 
@@ -197,8 +197,7 @@ def _started_worker():
     if _worker is not None:  # it died: its pipes go with it
         _worker.stop()
         _worker.close()
-    from .parallel import WorkerProcess
-    _worker = WorkerProcess()
+    _worker = parallel.WorkerProcess()
     if not _worker.wait_ready():
         _worker.stop()
         _worker.close()

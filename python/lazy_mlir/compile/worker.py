@@ -37,6 +37,7 @@ def _serve(jobs: Connection, replies: Connection) -> None:
     # The parent compiles the step's largest group, which the step waits for
     # longest: on a busy machine the worker takes what the parent leaves.
     os.nice(10)
+    # the compiler, imported once the settings above are made
     from ..lowering import portable_graph
     from ..codegen import inductor
     from ..lowering.group_lowering import fake_inputs_of
@@ -89,6 +90,7 @@ def _plan(run, inputs: list[torch.Tensor]):
 def _lower(job: dict) -> tuple:
     """A group's whole compile ("lowered", result) or its lowering to FX
     ("prepared", result); ("failed", why): the parent does it."""
+    # the lowering, imported after _serve's settings, as the compiler above
     from ..cache import group_key
     from ..lowering import fused_optimizer  # noqa: F401 - defines lazy_mlir::adam_step and sgd_step
     from . import isolated

@@ -114,7 +114,7 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
         mlir_passes.run_pipeline(module, "verify-markers-lowered")  # whatever the configured pipeline
     guards += _specialized_arguments(module, example_inputs)
     if cfg.codegen == "mlir-llvm" and symbolic is None:
-        from ..codegen.mlir_llvm import try_compile_module
+        from ..codegen.mlir_llvm import try_compile_module  # MLIR's ExecutionEngine: loaded for this codegen only
         with _Stage("codegen"):
             run = try_compile_module(module, fake_inputs, name, device)
         if run is not None:  # else: unsupported, Inductor compiles the group

@@ -14,6 +14,8 @@ import threading
 
 import torch._lazy.metrics as ltc_metrics
 
+from ..native import _C
+
 _lock = threading.Lock()
 _fallbacks: collections.Counter = collections.Counter()
 _fallback_sources: collections.Counter = collections.Counter()  # "op at file:line (fn)" -> count
@@ -197,7 +199,6 @@ def _setup_counts() -> dict[str, int]:
 
 
 def _backend_stats() -> dict:
-    from ..native import _C
     return dict(_C.stats())
 
 
@@ -331,7 +332,6 @@ def snapshot() -> dict:
 
 def reset() -> None:
     global _fallback_group_calls, _interpreted_group_calls
-    from ..native import _C
     ltc_metrics.reset()
     _C.reset_stats()
     with _lock:

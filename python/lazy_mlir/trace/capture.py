@@ -92,6 +92,7 @@ from ..compile import background
 from ..native import _C
 from ..observe import metrics, syncs
 from . import autocast, device_module, transformers_compat
+from .lazy_kernels import HAND_WRITTEN
 from .python_state import NamedState, PythonState, Values
 
 
@@ -143,7 +144,6 @@ def _decomposition(op) -> torch.fx.GraphModule | None:
     None. The per-op trace runs those kernels on the lazy device; a region
     emits what they emit, so a replay builds the per-op trace's graph (a
     ``Tensor[]`` op, as ``split`` was here first, ends a fusion group)."""
-    from .lazy_kernels import HAND_WRITTEN
 
     name = op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else f".{op._overloadname}")
     return HAND_WRITTEN.get(name)

@@ -24,6 +24,8 @@ import math
 import torch
 from mlir_passes.collectives import shard_size  # one padding rule for traced steps and passes
 
+from ..trace.lazy_kernels import trace_builtin
+
 _c10d = torch.ops._c10d_functional
 
 
@@ -61,7 +63,6 @@ def _(grad, group_size, group_name, shard_rank):
 
 
 def _install_lazy_kernels() -> torch.library.Library:
-    from ..trace.lazy_kernels import trace_builtin
 
     lib = torch.library.Library("lazy_mlir", "IMPL")
     for op in (torch.ops.lazy_mlir.unshard.default, torch.ops.lazy_mlir.reduce_grad.default):
