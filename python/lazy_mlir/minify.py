@@ -154,7 +154,8 @@ def _codegen_disagrees(graph: bytes, inputs: list, options: dict) -> bool:
     gm = portable_graph.loads(graph)
     try:
         reference = list(gm(*_copies(inputs)))
-        floors = numerics_check.noise_floors(reference, list(gm(*numerics_check.perturbed(inputs))))
+        moved = numerics_check.perturbed(inputs, numerics_check.fx_float(gm, inputs))
+        floors = numerics_check.noise_floors(reference, list(gm(*moved)))
         fake_mode, fakes = fake_inputs_of(inputs)
         run, _, _ = inductor.compile_graph(gm, fakes, fake_mode, "minify", cpp_wrapper=options.get("cpp_wrapper"))
         outputs = run(_copies(inputs))
@@ -233,7 +234,8 @@ CPP_WRAPPER = {cpp_wrapper}
 def main() -> int:
     gm = portable_graph.loads(GRAPH)
     reference = list(gm(*[t.clone() for t in INPUTS]))
-    floors = numerics_check.noise_floors(reference, list(gm(*numerics_check.perturbed(INPUTS))))
+    moved = numerics_check.perturbed(INPUTS, numerics_check.fx_float(gm, INPUTS))
+    floors = numerics_check.noise_floors(reference, list(gm(*moved)))
     fake_mode, fakes = fake_inputs_of(INPUTS)
     run, code, _ = inductor.compile_graph(gm, fakes, fake_mode, "repro", cpp_wrapper=CPP_WRAPPER)
     outputs = run([t.clone() for t in INPUTS])

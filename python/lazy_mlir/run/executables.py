@@ -496,7 +496,8 @@ class GroupExecutable:
             originals = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
             interpreter = TorchScriptExecutable(self.graph, self.name, count=None)
             reference = interpreter(list(originals))
-            floors = numerics_check.noise_floors(reference, interpreter(numerics_check.perturbed(originals)))
+            moved = numerics_check.perturbed(originals, numerics_check.graph_float(self.graph, [*originals, *reference]))
+            floors = numerics_check.noise_floors(reference, interpreter(moved))
             outputs = code_run(inputs)
             mismatches = numerics_check.compare(self.graph, outputs, reference, floors)
             if not mismatches:

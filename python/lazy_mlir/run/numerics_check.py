@@ -24,6 +24,7 @@ code, nothing on later runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -44,31 +45,72 @@ def least_precise_float(dtypes) -> torch.dtype | None:
     return max(floats, key=_PRECISION_ORDER.index) if floats else None
 
 
-def graph_tolerance(graph: torch._C.Graph) -> tuple[float, float]:
-    """(rtol, atol) for a TorchScript group: by any tensor value's dtype."""
+@functools.cache
+def _arguments(schema: str) -> list:
+    return torch._C.parse_schema(schema).arguments
+
+
+# c10::ScalarType codes of the float dtypes, as a dtype argument's constant holds them
+_SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 7: torch.float64, 15: torch.bfloat16}
+
+
+def graph_float(graph: torch._C.Graph, tensors: list = ()) -> torch.dtype | None:
+    """The least precise float dtype a TorchScript group computes in: of its
+    typed values, of ``tensors`` (its inputs and outputs: LTC's graphs type
+    most values as a plain Tensor) and of the casts inside it (a dtype
+    argument, as ``_to_copy``'s or ``softmax``'s)."""
     values = list(graph.inputs()) + [v for n in graph.nodes() for v in n.outputs()]
     dtypes = [v.type().dtype() for v in values if isinstance(v.type(), torch._C.TensorType)]
-    return TOLERANCES.get(least_precise_float(dtypes), TOLERANCES[torch.float32])
+    dtypes += [t.dtype for t in tensors if isinstance(t, torch.Tensor)]
+    for node in graph.nodes():
+        if not node.kind().startswith("aten::"):
+            continue
+        schema = node.schema()
+        if schema == "(no schema)":
+            continue
+        for argument, value in zip(_arguments(schema), node.inputs()):
+            if argument.name == "dtype" and value.node().kind() == "prim::Constant":
+                dtypes.append(_SCALAR_TYPES.get(value.toIValue()))
+    return least_precise_float(dtypes)
+
+
+def fx_float(gm: torch.fx.GraphModule, inputs: list) -> torch.dtype | None:
+    """The least precise float dtype of an FX graph's inputs and values."""
+    dtypes = [t.dtype for t in inputs if isinstance(t, torch.Tensor)]
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.kwargs.get("dtype"), torch.dtype):
+            dtypes.append(node.kwargs["dtype"])  # a cast, where the graph carries no meta (a minifier trial)
+        for v in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                dtypes.append(v.dtype)
+    return least_precise_float(dtypes)
+
+
+def graph_tolerance(graph: torch._C.Graph, tensors: list = ()) -> tuple[float, float]:
+    """(rtol, atol) for a TorchScript group: by the least precise dtype it computes in."""
+    return TOLERANCES.get(graph_float(graph, tensors), TOLERANCES[torch.float32])
 
 
 def fx_tolerance(gm: torch.fx.GraphModule, inputs: list) -> tuple[float, float]:
     """(rtol, atol) for an FX graph: by its inputs' and values' dtypes."""
-    dtypes = [t.dtype for t in inputs if isinstance(t, torch.Tensor)]
-    for node in gm.graph.nodes:
-        for v in torch.utils._pytree.tree_leaves(node.meta.get("val")):
-            if isinstance(v, torch.Tensor):
-                dtypes.append(v.dtype)
-    return TOLERANCES.get(least_precise_float(dtypes), TOLERANCES[torch.float32])
+    return TOLERANCES.get(fx_float(gm, inputs), TOLERANCES[torch.float32])
 
 
-def perturbed(inputs: list, seed: int = 0) -> list:
+def perturbed(inputs: list, computes_in: torch.dtype | None = None, seed: int = 0) -> list:
     """Copies of ``inputs`` whose floating values are moved by a few units
-    in their last place (random signs): what rounding alone can change."""
+    in their last place (random signs): what rounding alone can change.
+    Units of ``computes_in`` where the graph computes in a less precise
+    dtype than an input's: a float64 input cast to float32 inside would
+    absorb a move in float64's last place, and its floor would miss the
+    float32 rounding (Adam's update of a near-zero gradient amplifies it)."""
     g = torch.Generator().manual_seed(seed)
     moved = []
     for t in inputs:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-            eps = torch.finfo(t.dtype).eps * ROUNDING_ULPS
+            eps = torch.finfo(t.dtype).eps
+            if computes_in is not None and computes_in.is_floating_point:
+                eps = max(eps, torch.finfo(computes_in).eps)
+            eps *= ROUNDING_ULPS
             signs = torch.randint(0, 2, t.shape, generator=g).to(t.device, t.dtype) * 2 - 1
             moved.append(t * (1 + eps * signs))
         else:
@@ -143,7 +185,7 @@ def compare(graph: torch._C.Graph, outputs: list, reference: list, floors: list[
     (``floors``: each output's rounding noise, see noise_floors)."""
     producers = [v.node() for v in graph.outputs()]
     return [Mismatch(k, d, scale, _op(producers[k]))
-            for k, d, scale in compare_values(outputs, reference, graph_tolerance(graph), floors)]
+            for k, d, scale in compare_values(outputs, reference, graph_tolerance(graph, reference), floors)]
 
 
 def _op(node: torch._C.Node) -> str:
@@ -179,7 +221,7 @@ def save_case(graph: torch._C.Graph, inputs: list, reference: list, floors: list
     ``prepare_group``: group_lowering's, which the caller holds."""
     from ..lowering.ts_to_fx import ts_graph_to_fx  # here: only a mismatch loads the lowering
 
-    tolerance = graph_tolerance(graph)
+    tolerance = graph_tolerance(graph, [*inputs, *reference])
     stage, gm = "codegen", None
     try:
         first, _, _ = ts_graph_to_fx(graph, [_detached(t) for t in inputs])
