@@ -133,3 +133,60 @@ def test_tolerance_follows_the_least_precise_dtype():
     assert not numerics_check.compare_values([nan.clone()], [nan], numerics_check.TOLERANCES[torch.float32])
     assert numerics_check.compare_values([torch.tensor([1.0, 1.0])], [nan], numerics_check.TOLERANCES[torch.float32])
     assert numerics_check.compare_values([torch.tensor([1, 2])], [torch.tensor([1, 3])], (1.0, 1.0))
+
+
+class _Float32Softmax(nn.Module):
+    """A float64 model that computes a softmax in float32 (as ViT's and
+    Llama's eager attention do), with a shift ``b`` the softmax cancels: its
+    gradient is float32 rounding alone, which AdamW's first update turns
+    into a full step."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8, dtype=torch.float64))
+        self.b = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+
+    def forward(self, x, y):
+        p = torch.softmax((x @ self.w + self.b).float(), dim=-1).double()
+        return ((p - y) ** 2).sum()
+
+
+@pytest.mark.xfail(strict=True, reason="known false alarm: a parameter whose gradient is rounding alone "
+                   "(a shift the softmax cancels) gets a full AdamW step of random sign; one perturbed run "
+                   "does not always move it, so its noise floor misses it")
+def test_a_float64_group_computing_in_float32_passes_the_check(checking):
+    """No false alarm where a float64 group casts to float32 inside: its
+    noise floor is measured by moving the inputs by float32's ulps (float64's
+    would be absorbed by the cast), and its tolerance is float32's. Fails
+    today on ``b`` (see the mark); the ViT and Llama zoo models in float64
+    (eager attention) pass the check since the floor follows the cast."""
+    lazy_mlir.native._C.clear_computation_cache()
+    torch.manual_seed(0)
+    model = _Float32Softmax().to(LAZY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        x, y = torch.randn(32, 16, dtype=torch.float64), torch.rand(32, 8, dtype=torch.float64)
+        model(x.to(LAZY), y.to(LAZY)).backward()
+        opt.step()
+        opt.zero_grad()
+        torch._lazy.mark_step()
+    s = metrics.snapshot()
+    assert s["checks_passed"] >= 1 and s["checks_mismatched"] == 0, metrics.report()
+    assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] >= 2, metrics.report()
+
+
+def test_the_dtype_a_group_computes_in_is_read_from_its_casts():
+    """LTC types a group's values as plain Tensor: the dtype comes from the
+    tensors it is given and the dtype arguments of its casts."""
+    from lazy_mlir.run import numerics_check
+    graph = torch._C.parse_ir("""graph(%x : Tensor):
+      %float32 : int = prim::Constant[value=6]()
+      %false : bool = prim::Constant[value=0]()
+      %none : NoneType = prim::Constant()
+      %y : Tensor = aten::_to_copy(%x, %float32, %none, %none, %none, %false, %none)
+      return (%y)""")
+    x = torch.ones(3, dtype=torch.float64)
+    assert numerics_check.graph_float(graph, [x]) == torch.float32
+    assert numerics_check.graph_tolerance(graph, [x]) == numerics_check.TOLERANCES[torch.float32]
+    moved = numerics_check.perturbed([x], torch.float32)[0]
+    assert (moved - x).abs().max() > torch.finfo(torch.float32).eps  # float32's ulps, not float64's
