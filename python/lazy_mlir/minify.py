@@ -154,14 +154,16 @@ def _codegen_disagrees(graph: bytes, inputs: list, options: dict) -> bool:
     gm = portable_graph.loads(graph)
     try:
         reference = list(gm(*_copies(inputs)))
-        moved = numerics_check.perturbed(inputs, numerics_check.fx_float(gm, inputs))
-        floors = numerics_check.noise_floors(reference, list(gm(*moved)))
         fake_mode, fakes = fake_inputs_of(inputs)
         run, _, _ = inductor.compile_graph(gm, fakes, fake_mode, "minify", cpp_wrapper=options.get("cpp_wrapper"))
         outputs = run(_copies(inputs))
+        found, _ = numerics_check.differences_beyond_noise(
+            inputs, reference, lambda moved: list(gm(*moved)), numerics_check.fx_float(gm, inputs),
+            lambda floors: numerics_check.compare_values(outputs, reference, numerics_check.fx_tolerance(gm, inputs),
+                                                         floors))
     except Exception:  # noqa: BLE001 - another failure than the one being shrunk
         return False
-    return bool(numerics_check.compare_values(outputs, reference, numerics_check.fx_tolerance(gm, inputs), floors))
+    return bool(found)
 
 
 def _serve(connection, imports: list[str]) -> None:
@@ -234,12 +236,13 @@ CPP_WRAPPER = {cpp_wrapper}
 def main() -> int:
     gm = portable_graph.loads(GRAPH)
     reference = list(gm(*[t.clone() for t in INPUTS]))
-    moved = numerics_check.perturbed(INPUTS, numerics_check.fx_float(gm, INPUTS))
-    floors = numerics_check.noise_floors(reference, list(gm(*moved)))
     fake_mode, fakes = fake_inputs_of(INPUTS)
     run, code, _ = inductor.compile_graph(gm, fakes, fake_mode, "repro", cpp_wrapper=CPP_WRAPPER)
     outputs = run([t.clone() for t in INPUTS])
-    bad = numerics_check.compare_values(outputs, reference, numerics_check.fx_tolerance(gm, INPUTS), floors)
+    tolerance = numerics_check.fx_tolerance(gm, INPUTS)
+    bad, _ = numerics_check.differences_beyond_noise(
+        INPUTS, reference, lambda moved: list(gm(*moved)), numerics_check.fx_float(gm, INPUTS),
+        lambda floors: numerics_check.compare_values(outputs, reference, tolerance, floors))
     for k, max_diff, scale in bad:
         print(f"output {{k}}: {{max_diff:.3g}} off (largest value {{scale:.3g}})")
     print("MISMATCH" if bad else "agrees with eager")

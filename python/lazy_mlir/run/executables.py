@@ -496,10 +496,10 @@ class GroupExecutable:
             originals = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
             interpreter = TorchScriptExecutable(self.graph, self.name, count=None)
             reference = interpreter(list(originals))
-            moved = numerics_check.perturbed(originals, numerics_check.graph_float(self.graph, [*originals, *reference]))
-            floors = numerics_check.noise_floors(reference, interpreter(moved))
             outputs = code_run(inputs)
-            mismatches = numerics_check.compare(self.graph, outputs, reference, floors)
+            mismatches, floors = numerics_check.differences_beyond_noise(
+                originals, reference, interpreter, numerics_check.graph_float(self.graph, [*originals, *reference]),
+                lambda floors: numerics_check.compare(self.graph, outputs, reference, floors))
             if not mismatches:
                 metrics.count_check(self.name, None)
                 return outputs
