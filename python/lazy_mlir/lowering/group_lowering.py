@@ -28,7 +28,7 @@ from mlir_passes.specialize_scalars import SPECIALIZED_ATTR, VALUE_ATTR
 from torch_mlir import ir
 
 from .. import config
-from ..codegen import conv_layout, copied_reshapes, donation, inductor, onednn_linear
+from ..codegen import conv_layout, copied_reshapes, donation, eager_rounding, inductor, onednn_linear
 from ..observe import dump, metrics
 from . import portable_graph, symbolic_metas
 from .fx_to_mlir import import_graph
@@ -127,6 +127,7 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
     if cfg.onednn_linear != "off":  # float32 CPU products only: it reads their values' dtypes and devices
         onednn_linear.rewrite(gm, measured=cfg.onednn_linear == "auto")
     copied_reshapes.rewrite(gm)  # before Inductor folds reshapes into reshapes (static sizes only)
+    eager_rounding.rewrite(gm)  # aten's float32 constants in float64 kernels, as eager computes them
     collective_bytes = _collective_bytes(gm)
     if not collective_bytes:  # the zero passes planned a collective group's memory in the layouts it has
         conv_layout.rewrite(gm, fake_inputs, fake_mode)
