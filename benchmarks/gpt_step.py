@@ -2,12 +2,16 @@
 
 Runs, each in its own subprocess and in one invocation: eager,
 torch.compile(model) with the optimizer step eager, torch.compile(model) with
-torch.compile(optimizer.step), the stock torch._lazy TorchScript backend, and
+torch.compile(optimizer.step) in the default mode, in mode="max-autotune-no-cudagraphs"
+(``compile_model_opt_max_autotune``) and, when the backing device is CUDA, in
+mode="reduce-overhead" (CUDA graphs, ``compile_model_opt_reduce_overhead``; asked
+for elsewhere it is FAILED), the stock torch._lazy TorchScript backend, and
 lazy_mlir O0/O1/O2, O1 without Config.fuse_optimizer (AdamW traced op by op instead of as one
 node), and O1 with the model captured (lazy_mlir.capture: forward and backward recorded once,
 replayed as one IR node each). Eager and torch.compile run on the device that backs lazy_mlir's (harness.backing_device()). Prints a table and writes JSON:
-median ms/step after warm-up, ratios to eager and to each torch.compile row,
-peak RSS, compile seconds (warm-up time above the median), graph executions
+median ms/step after warm-up, ratios to eager, to the default-mode torch.compile
+rows and to the fastest torch.compile row that did not fail ("/best c.", named
+under the table), peak RSS, compile seconds (warm-up time above the median), graph executions
 and eager fallbacks per step, and for lazy_mlir rows the step's split into
 trace / ltc / compile / glue / kernels (defined in benchmarks/harness.py).
 
@@ -24,6 +28,7 @@ FAILED and why instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/gpt_step.py [--steps 20] [--warmup 5] [--only eager,lazy_mlir_O1]
     .venv/bin/python benchmarks/gpt_step.py --paired [--only eager,compile_model_opt,lazy_mlir_O1]
+    .venv/bin/python benchmarks/gpt_step.py --paired --only eager,compile_model_opt,compile_model_opt_max_autotune,lazy_mlir_O1
 """
 from __future__ import annotations
 
@@ -31,11 +36,15 @@ import argparse
 import json
 import resource
 
-from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, check_lazy, emit, empty_caches,
-                     excess_s, exit_if_failed, median_ms, ok_rows, pick_round, print_loss_diffs, ratio_cols,
-                     run_child, run_rounds, split_cols, take_turns, time_steps)
+from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, best_line, check_lazy, compile_fn,
+                     emit, empty_caches, excess_s, exit_if_failed, in_modes, median_ms, mode_refused, modes_legend,
+                     ok_rows, pick_round, print_loss_diffs, ratio_cols, run_child, run_rounds, runnable, split_cols,
+                     take_turns, time_steps)
 
-VARIANTS = ["eager", "compile_model", "compile_model_opt", "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
+# the model and optimizer.step under torch.compile, in each mode (harness.COMPILE_MODES)
+MODEL_OPT_ROWS = in_modes("compile_model_opt")
+# by default (--only not given) those the backing device runs (harness.runnable)
+VARIANTS = ["eager", "compile_model", *MODEL_OPT_ROWS, "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
             "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs", "lazy_mlir_O2"]
 # lazy_mlir rows: level and init() options
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
@@ -67,8 +76,9 @@ def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
     if variant in CAPTURED_ROWS:
         lazy_mlir.capture(model)
     opt = make_adamw(model)
-    forward = torch.compile(model) if variant in COMPILE_ROWS else model
-    opt_step = torch.compile(opt.step) if variant == "compile_model_opt" else opt.step
+    compile_ = compile_fn(variant, device.type) if variant in COMPILE_ROWS else None  # in the row's mode
+    forward = compile_(model) if compile_ else model
+    opt_step = compile_(opt.step) if variant in MODEL_OPT_ROWS else opt.step
     mark_step = split.mark_step if split else torch._lazy.mark_step
 
     def step(x, y):
@@ -132,19 +142,25 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
     return result
 
 
-PAIRED_DEFAULT = "eager,compile_model,compile_model_opt,lazy_mlir_O1"
+# (and the device's runnable rows of these: reduce-overhead on CUDA only)
+PAIRED_DEFAULT = "eager,compile_model,compile_model_opt,compile_model_opt_max_autotune," \
+                 "compile_model_opt_reduce_overhead,lazy_mlir_O1"
 
 
 def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict) -> dict[str, dict]:
     """All ``variants`` in this process, one step of each in turn (at most
-    one lazy_mlir row: the lazy backend is one per process)."""
+    one lazy_mlir row: the lazy backend is one per process). A row whose
+    torch.compile mode the device cannot run is FAILED, not built."""
     from lazy_mlir.models import gpt_batches
 
     lazy_rows = [v for v in variants if v.startswith(("lazy_mlir", "ts_lazy"))]
     if len(lazy_rows) > 1 or "ts_lazy" in lazy_rows:
         raise SystemExit(f"--paired takes at most one lazy_mlir row, got {lazy_rows}")
-    built = {v: _step_fn(v, init_options, None) for v in variants}
-    cfg = built[variants[0]][1]  # every row's model has the same sizes
+    refused = {v: why for v in variants if (why := mode_refused(v, backing_device()))}
+    built = {v: _step_fn(v, init_options, None) for v in variants if v not in refused}
+    if not built:
+        return {v: {"failed": why} for v, why in refused.items()}
+    cfg = next(iter(built.values()))[1]  # every row's model has the same sizes
     rows = {v: (lambda batch, step=step: step(*batch)) for v, (step, _) in built.items()}
     results = take_turns(rows, list(gpt_batches(cfg, warmup + steps)), warmup)
     for v, r in results.items():
@@ -153,7 +169,7 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
             why = _lazy_failure(v, steps)
             if why:
                 r["failed"] = why
-    return results
+    return {v: {"failed": refused[v]} if v in refused else results[v] for v in variants}
 
 
 NAME = max(map(len, VARIANTS)) + 1  # the variant column's width
@@ -168,6 +184,8 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int) -> dict[str,
                    *(Col(part, width, lambda r, part=part: r["paired_ms"][part])
                      for part, width in (("graph", 8), ("matmul", 8), ("outside", 9)))], names=(("variant", NAME),))
     table.print(results)
+    print(best_line(ok))
+    print("  " + modes_legend())
     print("  graph: inside Inductor-generated code (kernels and their wrapper); matmul: its mm/addmm/bmm calls "
           "(nan: a C++ wrapper calls them out of Python's sight); outside: the rest of the step (Python, autograd, "
           "lazy tracing, LTC)")
@@ -191,12 +209,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--only", help=f"rows (default: all, with --paired {PAIRED_DEFAULT})")
+    parser.add_argument("--only", help="rows, comma-separated, of " + ",".join(VARIANTS) + " (default: all "
+                        "that the backing device runs, reduce-overhead on CUDA only; with --paired, see --paired)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every variant this many times, interleaved; report the median round")
     parser.add_argument("--paired", action="store_true",
                         help="time the rows in one process, step by step in turn (default rows: "
-                             f"{PAIRED_DEFAULT})")
+                             f"{PAIRED_DEFAULT}, the last torch.compile row on CUDA only)")
     parser.add_argument("--cold-cache", action="store_true",
                         help="each lazy_mlir row compiles its groups in its own process (an empty compile cache); "
                              "by default rows load what the cache holds")
@@ -208,8 +227,8 @@ def main():
         emit(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options)))
         return
     if args.paired:
-        results = run_paired((args.only or PAIRED_DEFAULT).split(","), args.steps, args.warmup,
-                             json.loads(args.init_options))
+        rows = args.only.split(",") if args.only else runnable(PAIRED_DEFAULT.split(","), backing_device())
+        results = run_paired(rows, args.steps, args.warmup, json.loads(args.init_options))
         failed = print_paired(results, args.steps, args.warmup)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -217,12 +236,15 @@ def main():
         return
 
     def run(variant):
+        why = mode_refused(variant, backing_device())
+        if why:  # e.g. reduce-overhead off CUDA: FAILED without a process
+            return {"failed": why}
         # The stock TS backend takes seconds per step (eager fallbacks): fewer steps, one round.
         steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
         return run_in_subprocess(variant, steps, warmup, json.loads(args.init_options), args.cold_cache)
     # Timings on these machines drift: interleave the variants round by round
     # and keep, per variant, the round with the median step time.
-    results = run_rounds(args.rounds, (args.only or ",".join(VARIANTS)).split(","), run,
+    results = run_rounds(args.rounds, args.only.split(",") if args.only else runnable(VARIANTS, backing_device()), run,
                          label=lambda v: f"running {v}", once={"ts_lazy"}, pick=pick_round)
     ok = ok_rows(results)
     print(f"\nGPT-mini step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
@@ -233,8 +255,10 @@ def main():
                    Col("fallb/step", 11, lambda r: r.get("fallbacks_per_step", NAN), ".2f"), *split_cols(),
                    Col("loss", 9, "final_loss", ".4f")], names=(("variant", NAME),))
     table.print(results)
+    print(best_line(ok))
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
-          "torch.compile(optimizer.step); split columns (ms, medians): see benchmarks/harness.py")
+          "torch.compile(optimizer.step), default mode; " + modes_legend() + "; split columns (ms, medians): "
+          "see benchmarks/harness.py")
     print("  cache: cold, the row compiled its groups (its peak RSS holds torch-mlir and Inductor's compiler); "
           "warm, it loaded them from lazy_mlir's compile cache as native code (--cold-cache: always cold)")
     if "ts_lazy" in ok:

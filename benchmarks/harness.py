@@ -19,7 +19,12 @@ The rules every script follows (benchmarks/README.md):
   prints FAILED and why instead of a figure (``Table``, ``turn_rows``), and
   the script exits 1 (``exit_if_failed``);
 - the step split: ``StepSplit`` cuts a lazy step into trace / ltc /
-  compile / glue / kernels / read (defined below).
+  compile / glue / kernels / read (defined below);
+- the torch.compile baselines: a row compiling the whole step runs in each
+  of torch.compile's modes (``COMPILE_MODES``; reduce-overhead on CUDA
+  only, FAILED elsewhere: ``mode_refused``), and the tables quote every row
+  against the fastest torch.compile row (/best c.: ``ratio_cols``,
+  ``best_line``).
 
 Nothing here imports torch or lazy_mlir at import time: ``--help`` and the
 parent processes stay light.
@@ -305,18 +310,6 @@ def ratio_col(ok: dict, base: str, header: str, width: int, key: str = "ms_per_s
     return Col(header, width, lambda r: r[key] / b if b else NAN, ".2f")
 
 
-# The torch.compile rows gpt_step and models report, and a row's ratios to
-# eager and to each of them.
-COMPILE_ROWS = ("compile_model", "compile_model_opt")
-
-
-def ratio_cols(ok: dict) -> list[Col]:
-    """/eager, /c.model (torch.compile(model)), /c.m+opt (torch.compile of
-    the model and of optimizer.step): ms/step over those rows'."""
-    return [ratio_col(ok, "eager", "/eager", 8), ratio_col(ok, "compile_model", "/c.model", 9),
-            ratio_col(ok, "compile_model_opt", "/c.m+opt", 9)]
-
-
 def print_loss_diffs(ok: dict, base: str, width: int, key: str = "losses") -> None:
     """Each row's largest loss difference to row ``base``'s, step by step."""
     if base in ok:
@@ -330,6 +323,106 @@ def backing_device() -> str:
     eager and torch.compile baselines run there, so that rows compare."""
     from lazy_mlir.config import Config
     return Config().device
+
+
+# ---------------------------------------------------------------------------
+# The torch.compile rows
+#
+# The baselines: torch.compile(model) with the optimizer step eager
+# (compile_model), torch.compile(model) with torch.compile(optimizer.step)
+# (compile_model_opt; models.py also compile_loss_opt, the loss function
+# compiled with the model), FSDP2 compiled (zero_step's fsdp2_compiled). A
+# row that compiles the whole step runs in torch.compile's default mode and,
+# as rows of their own (``in_modes``), in each mode of COMPILE_MODES, named
+# by its suffix. The tables quote every row against the fastest of them that
+# did not fail (``best_compile``, the /best c. column) and name it
+# (``best_line``), beside the older ratios to eager and to the default-mode
+# rows (``ratio_cols``).
+
+# a row name's suffix -> torch.compile's mode (no suffix: the default mode)
+COMPILE_MODES = {"max_autotune": "max-autotune-no-cudagraphs", "reduce_overhead": "reduce-overhead"}
+# the modes that need CUDA, and why: a row in one of them is not offered on
+# another device, and FAILED when asked for (``mode_refused``)
+CUDA_ONLY_MODES = {"reduce-overhead": "reduce-overhead uses CUDA graphs: CUDA only"}
+# the names of the torch.compile rows start with one of these
+COMPILE_PREFIXES = ("compile_", "fsdp2_compiled")
+
+
+def in_modes(base: str) -> tuple[str, ...]:
+    """Row ``base`` (default mode) and its rows in each of COMPILE_MODES:
+    compile_model_opt, compile_model_opt_max_autotune, ..."""
+    return (base, *(f"{base}_{suffix}" for suffix in COMPILE_MODES))
+
+
+def compile_mode(row: str) -> str | None:
+    """torch.compile's mode for ``row``, from its name's suffix (None: the
+    default mode)."""
+    return next((mode for suffix, mode in COMPILE_MODES.items() if row.endswith("_" + suffix)), None)
+
+
+def is_compile_row(row: str) -> bool:
+    """Whether ``row`` is a torch.compile baseline (a /best c. candidate)."""
+    return row.startswith(COMPILE_PREFIXES)
+
+
+def mode_refused(row: str, device: str) -> str | None:
+    """Why ``row``'s mode cannot run on ``device`` (reduce-overhead off
+    CUDA), or None: the reason a FAILED row gives."""
+    why = CUDA_ONLY_MODES.get(compile_mode(row))
+    return f"{why} (the rows run on {device})" if why and not device.startswith("cuda") else None
+
+
+def runnable(rows: Iterable[str], device: str) -> list[str]:
+    """``rows`` less those whose mode ``device`` cannot run: the rows a
+    script offers by default."""
+    return [r for r in rows if not mode_refused(r, device)]
+
+
+def compile_fn(row: str, device: str) -> Callable:
+    """torch.compile in ``row``'s mode (``compile_mode``); RuntimeError when
+    ``device`` cannot run that mode (``mode_refused``)."""
+    why = mode_refused(row, device)
+    if why:
+        raise RuntimeError(why)
+    import torch
+    mode = compile_mode(row)
+    return lambda fn: torch.compile(fn, mode=mode)
+
+
+# gpt_step's and models' rows with the model under torch.compile
+COMPILE_ROWS = ("compile_model", *in_modes("compile_model_opt"))
+
+
+def best_compile(ok: dict) -> str | None:
+    """The fastest torch.compile row (``is_compile_row``) in ``ok`` (the
+    rows that did not fail: name -> result with ms_per_step), or None."""
+    return min((k for k in ok if is_compile_row(k)), key=lambda k: ok[k]["ms_per_step"], default=None)
+
+
+def ratio_cols(ok: dict, *own: Col) -> list[Col]:
+    """/eager, /c.model (torch.compile(model)), /c.m+opt (torch.compile of
+    the model and of optimizer.step, default mode), a script's ``own``
+    ratio columns, then /best c. (the fastest torch.compile row that did
+    not fail, ``best_compile``): ms/step over those rows'."""
+    return [ratio_col(ok, "eager", "/eager", 8), ratio_col(ok, "compile_model", "/c.model", 9),
+            ratio_col(ok, "compile_model_opt", "/c.m+opt", 9), *own,
+            ratio_col(ok, best_compile(ok) or "", "/best c.", 9)]
+
+
+def best_line(ok: dict, of: str = "") -> str:
+    """The line naming /best c.'s row (``of``: e.g. the model, for a table
+    with several)."""
+    best = best_compile(ok)
+    if best is None:
+        return f"  best c.{of}: no torch.compile row ran without failing (/best c. is nan)"
+    return (f"  best c.{of}: {best} (mode={compile_mode(best) or 'default'}, {ok[best]['ms_per_step']:.2f} ms/step), "
+            "the fastest torch.compile row that did not fail; /best c.: each row's ms/step over its")
+
+
+def modes_legend() -> str:
+    """What the mode suffixes of the rows' names mean, for a table's key."""
+    return "; ".join(f"_{suffix}: mode=\"{mode}\"" + (" (CUDA graphs, CUDA only)" if mode in CUDA_ONLY_MODES else "")
+                     for suffix, mode in COMPILE_MODES.items())
 
 
 # ---------------------------------------------------------------------------

@@ -4,13 +4,21 @@ torch.compile(optimizer.step), and lazy_mlir O1 (per-op trace, the model
 captured). Two more rows compile the loss with the model, each the other's
 baseline: torch.compile of the loss function with torch.compile(optimizer.step)
 (`compile_loss_opt`), and lazy_mlir.capture of the loss function
-(`lazy_mlir_O1_capture_loss`; the ratio column /c.l+opt).
+(`lazy_mlir_O1_capture_loss`; the ratio column /c.l+opt). The rows compiling
+the whole step run in torch.compile's default mode and as rows of their own in
+mode="max-autotune-no-cudagraphs" (`compile_model_opt_max_autotune`,
+`compile_loss_opt_max_autotune`) and, when the backing device is CUDA,
+mode="reduce-overhead" (CUDA graphs: `compile_model_opt_reduce_overhead`,
+`compile_loss_opt_reduce_overhead`; asked for elsewhere they are FAILED). The
+column /best c. quotes each row against the fastest torch.compile row of its
+model that did not fail, named under the model's rows.
 
 Each (model, variant) runs in its own subprocess, all in one invocation and
 interleaved round by round, so the ratios are measured side by side. Eager
 and torch.compile run on the device backing lazy_mlir's
 (harness.backing_device()). Per model and variant: median ms/step after
-warm-up, ratios to eager and to each torch.compile row, first-step seconds
+warm-up, ratios to eager, to the default-mode torch.compile rows and to the
+fastest torch.compile row, first-step seconds
 (tracing + compiling), and for lazy_mlir graph executions and eager
 fallbacks per step and the step's split into trace / ltc / compile / glue /
 kernels (defined in benchmarks/harness.py). fp32, or with ``--autocast bf16`` the forward and loss under
@@ -46,16 +54,18 @@ import json
 import os
 import sys
 
-from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, check_lazy, emit, exit_if_failed,
-                     median_ms, ok_rows, pick_round, ratio_col, ratio_cols, run_child, run_rounds, split_cols,
-                     take_turns, time_steps)
+from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, best_line, check_lazy, compile_fn,
+                     emit, exit_if_failed, in_modes, median_ms, mode_refused, modes_legend, ok_rows, pick_round,
+                     ratio_col, ratio_cols, run_child, run_rounds, runnable, split_cols, take_turns, time_steps)
 
 ZOO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models")
 MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
-VARIANTS = ["eager", "compile_model", "compile_model_opt", "compile_loss_opt", "lazy_mlir_O1", "lazy_mlir_O1_capture",
-            "lazy_mlir_O1_capture_loss"]
-OPT_COMPILED = ("compile_model_opt", "compile_loss_opt")
-W = 27  # the variant column
+# the loss function (and so the model) and optimizer.step under torch.compile, in each mode (harness.COMPILE_MODES)
+LOSS_OPT_ROWS = in_modes("compile_loss_opt")
+# by default (--only not given) those the backing device runs (harness.runnable)
+VARIANTS = ["eager", *COMPILE_ROWS, *LOSS_OPT_ROWS, "lazy_mlir_O1", "lazy_mlir_O1_capture", "lazy_mlir_O1_capture_loss"]
+OPT_COMPILED = (*in_modes("compile_model_opt"), *LOSS_OPT_ROWS)
+W = max(map(len, VARIANTS)) + 2  # the variant column
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -81,19 +91,20 @@ def _make_step(name: str, variant: str, size: str, dropout: float | None = None,
     model = zoo.make_model(v, torch.float32).to(device)
     model.train()
     opt = spec.optimizer(model)
-    forward = torch.compile(model) if variant in COMPILE_ROWS else model
+    compile_ = compile_fn(variant, device.type) if variant in (*COMPILE_ROWS, *LOSS_OPT_ROWS) else None  # its mode
+    forward = compile_(model) if variant in COMPILE_ROWS else model
 
     def loss_of(*batch):
         return spec.loss(forward, *batch)
 
-    if variant == "compile_loss_opt":
-        loss_of = torch.compile(loss_of)
+    if variant in LOSS_OPT_ROWS:
+        loss_of = compile_(loss_of)
     if variant.endswith("_capture"):
         lazy_mlir.capture(model)
     if variant.endswith("_capture_loss"):
         loss_of = lazy_mlir.capture(loss_of, modules=[model])
     if variant in OPT_COMPILED:
-        opt.step = torch.compile(opt.step)  # an attribute: GradScaler.step calls it too
+        opt.step = compile_(opt.step)  # an attribute: GradScaler.step calls it too
 
     mixed = (lambda: torch.autocast(device.type, dtype=getattr(torch, AUTOCAST_DTYPES[autocast]))) if autocast \
         else contextlib.nullcontext
@@ -154,16 +165,20 @@ def run_paired(name: str, variants: list[str], size: str, steps: int, warmup: in
                dropout: float | None, autocast: str | None) -> dict:
     """Runs in the child process: every row of ``name``, ``block`` steps each
     in turn (at most one lazy_mlir row), with the time in generated code
-    split out."""
+    split out. A row whose torch.compile mode the device cannot run is
+    FAILED, not built."""
     if sum(v.startswith("lazy_mlir") for v in variants) > 1:
         raise SystemExit("--paired takes at most one lazy_mlir row")
-    rows = {v: _make_step(name, v, size, dropout, autocast) for v in variants}
-    batches = rows[variants[0]][1](warmup + steps)
+    refused = {v: why for v in variants if (why := mode_refused(v, backing_device()))}
+    rows = {v: _make_step(name, v, size, dropout, autocast) for v in variants if v not in refused}
+    if not rows:
+        return {v: {"failed": why} for v, why in refused.items()}
+    batches = next(iter(rows.values()))[1](warmup + steps)
     results = take_turns({v: step for v, (step, _) in rows.items()}, batches, warmup, block)
     for v, r in results.items():
         if v.startswith("lazy_mlir"):
             r.update(_lazy_checks(v, steps))
-    return results
+    return {v: {"failed": refused[v]} if v in refused else results[v] for v in variants}
 
 
 def main():
@@ -173,7 +188,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every variant this many times, interleaved; report the median round")
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--only", default=",".join(VARIANTS))
+    parser.add_argument("--only", help="rows, comma-separated, of " + ",".join(VARIANTS) + " (default: all the "
+                        "backing device runs: reduce-overhead rows on CUDA only)")
     parser.add_argument("--json", default="models.json")
     parser.add_argument("--paired", action="store_true",
                         help="per model, all rows in one process taking turns step by step, with the time in "
@@ -196,6 +212,8 @@ def main():
     if args.child:
         emit(run_variant(*args.child, args.size, args.steps, args.warmup, args.dropout, args.autocast))
         return
+    if not args.only:
+        args.only = ",".join(runnable(VARIANTS, backing_device()))
     if args.child_paired:
         emit(run_paired(args.child_paired, args.only.split(","), args.size, args.steps, args.warmup, args.block,
                         args.dropout, args.autocast))
@@ -215,9 +233,11 @@ def main():
                 for name, rounds in per_model.items() for v in variants}
         results = {key: pick_round(rs) for key, rs in runs.items()}
     else:
-        results = run_rounds(args.rounds, [(name, v) for name in args.models.split(",") for v in variants],
-                             lambda key: run_child(__file__, ["--child", *key, *common]), label=" ".join,
-                             pick=pick_round)
+        def run(key):
+            why = mode_refused(key[1], backing_device())  # e.g. reduce-overhead off CUDA: FAILED without a process
+            return {"failed": why} if why else run_child(__file__, ["--child", *key, *common])
+        results = run_rounds(args.rounds, [(name, v) for name in args.models.split(",") for v in variants], run,
+                             label=" ".join, pick=pick_round)
 
     how = ("one process per row" if not args.paired else
            "all rows of a model in one process taking turns step by step" if args.block == 1 else
@@ -232,8 +252,9 @@ def main():
     failed = {}
     for k, name in enumerate(args.models.split(",")):
         ok = ok_rows({v: results[(name, v)] for v in variants})
-        table = Table([Col("ms/step", 9, "ms_per_step", ".2f"), *ratio_cols(ok),
-                       ratio_col(ok, "compile_loss_opt", "/c.l+opt", 9), Col("first s", 9, "first_step_s"),
+        table = Table([Col("ms/step", 9, "ms_per_step", ".2f"),
+                       *ratio_cols(ok, ratio_col(ok, "compile_loss_opt", "/c.l+opt", 9)),
+                       Col("first s", 9, "first_step_s"),
                        Col("exec/step", 10, lambda r: r.get("executions_per_step", NAN), ".2f"),
                        Col("fallb/step", 11, lambda r: r.get("fallbacks_per_step", NAN), ".2f"), *detail,
                        Col("loss", 9, "final_loss", ".4f")], names=(("model", 10), ("variant", W)), failed=failed)
@@ -244,10 +265,12 @@ def main():
             if table.row(r, name, variant):
                 for where, n in r.get("syncs", {}).items():
                     print(f"{'':<{W + 10}}sync: {n / args.steps:g}/step at {where}")
+        print(best_line(ok, f" ({name})"))
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
-          "torch.compile(optimizer.step); c.l+opt: torch.compile(loss function) and torch.compile(optimizer.step); " + ("graph: ms in Inductor-generated code, outside: the rest of the "
-                                               "step (medians)" if args.paired else
-                                               "split columns (ms, medians): see benchmarks/harness.py"))
+          "torch.compile(optimizer.step); c.l+opt: torch.compile(loss function) and torch.compile(optimizer.step); "
+          "all three in the default mode; " + modes_legend() + "; "
+          + ("graph: ms in Inductor-generated code, outside: the rest of the step (medians)" if args.paired else
+             "split columns (ms, medians): see benchmarks/harness.py"))
     with open(args.json, "w") as f:
         json.dump({f"{m}/{v}": r for (m, v), r in results.items()}, f, indent=1)
     print(f"\nJSON: {args.json}")

@@ -2,9 +2,12 @@
 
 Runs in one invocation (re-launching itself under torchrun, gloo, one thread
 per rank): FSDP2 (``fully_shard`` per block, then the root) eager, FSDP2
-under torch.compile (the sharded model compiled, and its optimizer step),
-lazy_mlir ZeRO stages 1, 2 and 3, ZeRO-3 with the model under
-``lazy_mlir.capture`` (``zero3_capture``: like ``torch.compile(model)``, the
+under torch.compile (the sharded model compiled, and its optimizer step) in
+the default mode, in mode="max-autotune-no-cudagraphs"
+(``fsdp2_compiled_max_autotune``) and, with ``--device cuda``,
+mode="reduce-overhead" (CUDA graphs, ``fsdp2_compiled_reduce_overhead``; asked
+for on cpu it is FAILED), lazy_mlir ZeRO stages 1, 2 and 3, ZeRO-3 with the
+model under ``lazy_mlir.capture`` (``zero3_capture``: like ``torch.compile(model)``, the
 user's statement that the forward reads nothing else that changes; forward
 and backward replayed instead of traced op by op), and DeepSpeed ZeRO-3, eager and with
 DeepCompile (CUDA only), when DeepSpeed is installed. Each rank
@@ -12,9 +15,10 @@ trains on its slice of the global batch from the same initial weights. Prints
 a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
 parameters + gradients + optimizer state against the unsharded total, and
 collective bytes per step measured against ZeRO theory (Ψ = parameter bytes),
-ZeRO-3's step time over each FSDP2 row's, paired round by round, and each
-lazy_mlir row's step split into trace / ltc / compile / glue / kernels /
-read (benchmarks/harness.py). A variant that fails shows FAILED and why
+each row's step time over the fastest compiled FSDP2 row's (/best c., that row
+named under the table), ZeRO-3's step time over each FSDP2 row's, paired round
+by round, and each lazy_mlir row's step split into trace / ltc / compile /
+glue / kernels / read (benchmarks/harness.py). A variant that fails shows FAILED and why
 instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/zero_step.py [--steps 10] [--warmup 3] [--rounds 5] [--only fsdp2,zero3]
@@ -33,17 +37,21 @@ import statistics
 import sys
 import traceback
 
-from harness import SPLIT, StepSplit, check_lazy, exit_if_failed, median_ms, time_steps, torchrun
+from harness import (SPLIT, StepSplit, best_compile, best_line, check_lazy, compile_fn, exit_if_failed, in_modes,
+                     median_ms, modes_legend, runnable, time_steps, torchrun)
 
-VARIANTS = ["fsdp2", "fsdp2_compiled", "zero1", "zero2", "zero3", "zero3_capture", "deepspeed", "deepcompile"]
+# FSDP2 under torch.compile, in each mode (harness.COMPILE_MODES)
+FSDP2_COMPILED = in_modes("fsdp2_compiled")
+VARIANTS = ["fsdp2", *FSDP2_COMPILED, "zero1", "zero2", "zero3", "zero3_capture", "deepspeed", "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
 # them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
 # all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
 # reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
 # all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
-THEORY_PSI = {"fsdp2": 3, "fsdp2_compiled": 3, "zero1": 3, "zero2": 2, "zero3": 3, "zero3_capture": 3, "deepspeed": 3,
-              "deepcompile": 3}
+THEORY_PSI = {"fsdp2": 3, **dict.fromkeys(FSDP2_COMPILED, 3), "zero1": 3, "zero2": 2, "zero3": 3, "zero3_capture": 3,
+              "deepspeed": 3, "deepcompile": 3}
 MIB = 2 ** 20
+W = max(map(len, VARIANTS)) + 2  # the variant column
 
 
 def _nbytes(t) -> int:
@@ -73,6 +81,8 @@ def _build(variant: str, cfg, args):
     import torch
     from lazy_mlir.models import make_adamw, make_gpt
 
+    # torch.compile in an FSDP2 row's mode; raises first (a FAILED row) for a mode the device cannot run
+    compile_ = compile_fn(variant, args.device) if variant in FSDP2_COMPILED else None
     model = make_gpt(cfg, seed=0)
     if not variant.startswith("zero"):  # the zero variants move it to the lazy device
         model = model.to(args.device)
@@ -91,9 +101,8 @@ def _build(variant: str, cfg, args):
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
         opt = make_adamw(model)
-        compiled = variant == "fsdp2_compiled"
-        forward = torch.compile(model) if compiled else model
-        opt_step = torch.compile(opt.step) if compiled else opt.step
+        forward = compile_(model) if compile_ else model
+        opt_step = compile_(opt.step) if compile_ else opt.step
 
         def step(x, y, zero_grad=True):
             with mixed():
@@ -222,8 +231,9 @@ def worker(args):
     device_batches = [(x.to(args.device), y.to(args.device)) for x, y in batches]
     psi = sum(p.numel() * p.element_size() for p in make_gpt(cfg).parameters())
 
-    # by default all that can run: DeepCompile runs on CUDA only
-    variants = (args.only or ",".join(v for v in VARIANTS if args.device == "cuda" or v != "deepcompile")).split(",")
+    # by default all that can run: DeepCompile and reduce-overhead (harness.runnable) run on CUDA only
+    variants = args.only.split(",") if args.only else \
+        runnable([v for v in VARIANTS if args.device == "cuda" or v != "deepcompile"], args.device)
     ds_variants = [v for v in variants if v in ("deepspeed", "deepcompile")]
     if ds_variants:
         os.environ.setdefault("DS_ACCELERATOR", args.device)
@@ -319,27 +329,32 @@ def report(args, cfg, psi, runs, failed):
     print(f"\nGPT-mini ({precision}{cfg.n_layer} layers, d {cfg.n_embd}, global batch {cfg.batch_size}) on {args.nproc} "
           f"{ranks}, {args.steps} timed steps after {args.warmup} warm-up (median), median of {args.rounds} "
           f"interleaved round(s); Ψ = {psi / MIB:.2f} MiB of parameters")
-    print(f"{'variant':<16}{'ms/step':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
+    best = best_compile(runs)  # the fastest compiled FSDP2 row: /best c.
+    print(f"{'variant':<{W}}{'ms/step':>9}{'/best c.':>9}{'MiB/rank':>10}{'MiB full':>10}{'ratio':>7}"
           f"{'comm MiB/step':>15}{'theory':>16}{'meas/th':>9}{'loss':>9}")
     for v, r in runs.items():
         mem, theory = r["memory"], THEORY_PSI[v] * psi
         comm = sum(r["comm_bytes_per_step"].values()) if "comm_bytes_per_step" in r else None
         r.update(theory_comm_bytes_per_step=theory, comm_vs_theory=comm / theory if comm is not None else None)
-        print(f"{v:<16}{r['ms_per_step']:>9.1f}"
+        over_best = r["ms_per_step"] / runs[best]["ms_per_step"] if best else float("nan")
+        print(f"{v:<{W}}{r['ms_per_step']:>9.1f}{over_best:>9.2f}"
               + (f"{mem['total'] / MIB:>10.2f}{mem['unsharded_total'] / MIB:>10.2f}"
                  f"{mem['total'] / mem['unsharded_total']:>7.2f}" if mem else f"{'n/a':>10}{'n/a':>10}{'n/a':>7}")
               + (f"{comm / MIB:>15.2f}" if comm is not None else f"{'n/a':>15}")
               + f"{f'{THEORY_PSI[v]}Ψ = {theory / MIB:.2f}':>16}"
               + (f"{comm / theory:>9.2f}" if comm is not None else f"{'n/a':>9}") + f"{r['final_loss']:>9.4f}")
     for v, why in failed.items():
-        print(f"{v:<16}  FAILED: {why}")
+        print(f"{v:<{W}}  FAILED: {why}")
+    print(best_line(runs))
+    print("  ratio: MiB/rank over MiB full; fsdp2_compiled: the model and optimizer.step under torch.compile, default "
+          "mode; " + modes_legend())
     for v, r in runs.items():
         if "round_split_ms" in r:  # each part's median over the rounds
             r["split_ms"] = {part: statistics.median(s[part] for s in r["round_split_ms"]) for part in SPLIT}
             print(f"  {v} step split (ms; benchmarks/harness.py): "
                   + ", ".join(f"{part} {ms:.1f}" for part, ms in r["split_ms"].items()))
     ratios = {}
-    for ours, fsdp in [(z, f) for z in ("zero3", "zero3_capture") for f in ("fsdp2", "fsdp2_compiled")]:
+    for ours, fsdp in [(z, f) for z in ("zero3", "zero3_capture") for f in ("fsdp2", *FSDP2_COMPILED)]:
         if {ours, fsdp} <= runs.keys():
             # each round runs FSDP2 and ZeRO-3 back to back: their ratio is taken
             # per round (side by side, under the same machine load), then the median
@@ -349,8 +364,8 @@ def report(args, cfg, psi, runs, failed):
             print(f"  {ours} / {fsdp} step time: {paired:.2f}, median of the per-round ratios "
                   f"({', '.join(f'{r:.2f}' for r in rounds)}; target <= 0.9); ratio of the medians {ratio:.2f}")
     with open(args.json, "w") as f:
-        json.dump({"config": vars(args), "psi_bytes": psi, **ratios, "variants": runs, "failed": failed}, f,
-                  indent=1)
+        json.dump({"config": vars(args), "psi_bytes": psi, "best_compiled": best, **ratios, "variants": runs,
+                   "failed": failed}, f, indent=1)
     print(f"\nJSON: {args.json}")
 
 
@@ -361,7 +376,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5,
                         help="run every variant this many times, interleaved; report the median round")
     parser.add_argument("--only", help=f"comma-separated, of {','.join(VARIANTS)} (default: all; on cpu, "
-                                       "all but deepcompile)")
+                                       "all but deepcompile and fsdp2_compiled_reduce_overhead)")
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8, help="global batch, split over the ranks")

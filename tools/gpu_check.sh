@@ -19,7 +19,9 @@
 #   bench    benchmarks/gpt_step.py --paired on the GPU, once per lazy_mlir
 #            row (the model captured; then, after zero, BENCH_ROWS: captured
 #            without CUDA graphs, O1), each beside eager and
-#            torch.compile(model + optimizer); BENCH_S seconds at most each
+#            torch.compile(model + optimizer) in its default, reduce-overhead
+#            and max-autotune-no-cudagraphs modes (the table names the
+#            fastest); BENCH_S seconds at most each
 #   zero     benchmarks/zero_step.py --device cuda on one NCCL rank: our
 #            ZeRO-3 (per-op trace, and the model captured) against DeepSpeed
 #            ZeRO-3 with DeepCompile and without (ZERO_ROWS, ZERO_S seconds at
@@ -27,8 +29,8 @@
 #            they come, so a run cut short keeps them
 #   zoo      benchmarks/models.py --paired on the GPU, one process per model
 #            (ZOO_MODELS, default gpt2,resnet,bert): eager,
-#            torch.compile(loss + opt), the captured loss; ZOO_S seconds at
-#            most each
+#            torch.compile(loss + opt) in its three modes, the captured loss;
+#            ZOO_S seconds at most each
 # Most important first: a run cut short still says what matters. PHASES
 # picks some of "tests bench zero more zoo" (default: all).
 # `--build-only` stops after the build; REUSE_BUILD=1 keeps the extension
@@ -141,11 +143,11 @@ echo "exit $?" >> "$OUT/nccl2.txt"
 grep -m3 -i "all_reduce ->\|duplicate\|error" "$OUT/nccl2.txt"; tail -1 "$OUT/nccl2.txt"; }
 
 # --paired takes one lazy_mlir row: one run per row, each beside eager and
-# torch.compile(model + opt) in its process
+# torch.compile(model + opt)'s modes in its process
 bench() {
   step "bench $1"
-  (cd benchmarks && timeout "${BENCH_S:-130}" python3 gpt_step.py --paired --steps 20 --warmup 5 \
-    --only "eager,compile_model_opt,$1" --json "$OUT/gpt_step.$1.json") 2>&1 \
+  (cd benchmarks && timeout "${BENCH_S:-240}" python3 gpt_step.py --paired --steps 20 --warmup 5 \
+    --only "eager,compile_model_opt,compile_model_opt_reduce_overhead,compile_model_opt_max_autotune,$1" --json "$OUT/gpt_step.$1.json") 2>&1 \
     | tee -a "$OUT/bench.txt" | grep -A12 "^GPT-mini step"
 }
 phase bench && bench lazy_mlir_O1_capture
@@ -162,8 +164,8 @@ phase more && for row in ${BENCH_ROWS:-lazy_mlir_O1_capture_no_cuda_graphs lazy_
 # The zoo's small models on the GPU: the captured loss against torch.compile(loss + opt),
 # one process per model, so that a run cut short keeps the models done before
 phase zoo && for model in $(echo "${ZOO_MODELS:-gpt2,resnet,bert}" | tr , ' '); do step "zoo $model"
-(cd benchmarks && timeout "${ZOO_S:-150}" python3 models.py --paired --block 5 --steps 20 --warmup 5 \
-   --models "$model" --only eager,compile_loss_opt,lazy_mlir_O1_capture_loss \
+(cd benchmarks && timeout "${ZOO_S:-240}" python3 models.py --paired --block 5 --steps 20 --warmup 5 \
+   --models "$model" --only eager,compile_loss_opt,compile_loss_opt_reduce_overhead,compile_loss_opt_max_autotune,lazy_mlir_O1_capture_loss \
    --json "$OUT/models.$model.json") > "$OUT/zoo.$model.txt" 2>&1
 grep -A6 "^Zoo training steps" "$OUT/zoo.$model.txt" || tail -20 "$OUT/zoo.$model.txt"; done
 step done
