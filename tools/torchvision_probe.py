@@ -1,8 +1,11 @@
 """Trains torchvision's own models (code nobody here wrote) a few SGD steps
 on the lazy device against eager, and says per model: the largest relative
-loss difference, graph executions per step, the first step's seconds (its
-compile), and why a step did not run generated code alone (a group left
-in TorchScript, an eager fallback). Exits 1 when any model did not.
+loss difference, the largest first-step gradient difference (against
+eager's own: eager with its weights moved by a few ulps), graph executions
+per step, the first step's seconds (its compile), and why a step did not
+run generated code alone (a group left in TorchScript, an eager
+fallback). Exits 1 when any model did not, or when its gradients differ
+beyond the dtype's tolerance and ten times eager's own difference.
 
 torchvision is not a dependency: install the release for torch 2.13 beside
 it without letting pip touch torch, e.g. into a folder of its own:
@@ -62,8 +65,11 @@ def _import_torchvision_models():
 
 
 def _train(model, device, batches, metrics=None):
+    """Losses, metrics snapshots, seconds per step, and the first step's
+    gradients: SGD's momentum buffer after its first step is the gradient
+    itself, read here without another graph execution."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    losses, snapshots, seconds = [], [], []
+    losses, snapshots, seconds, gradients = [], [], [], []
     for x, y in batches:
         start = time.perf_counter()
         if metrics:
@@ -77,7 +83,28 @@ def _train(model, device, batches, metrics=None):
             snapshots.append(metrics.snapshot())
         losses.append(loss.item())
         seconds.append(time.perf_counter() - start)
-    return losses, snapshots, seconds
+        if not gradients:
+            gradients = [opt.state[p]["momentum_buffer"].to("cpu", copy=True) for p in model.parameters() if p in opt.state]
+    return losses, snapshots, seconds, gradients
+
+
+def _largest_gradient_difference(want: list, got: list) -> float:
+    """The largest difference of a first-step gradient, relative to the
+    model's largest gradient entry (a parameter whose gradient is rounding
+    alone, as a bias before BatchNorm, is judged at the model's scale)."""
+    scale = max(a.abs().max().item() for a in want)
+    return max((a - b).abs().max().item() for a, b in zip(want, got)) / max(scale, 1e-30)
+
+
+def _moved(model):
+    """A copy of ``model`` with its parameters moved by a few units in their
+    last place: how far rounding alone moves eager's own figures."""
+    from lazy_mlir.run import numerics_check
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.copy_(numerics_check.perturbed([p.detach()])[0])
+    return moved
 
 
 def main():
@@ -91,6 +118,7 @@ def main():
     import torch._lazy
     import lazy_mlir
     from lazy_mlir.observe import metrics
+    from lazy_mlir.run import numerics_check
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     from harness import not_compiled  # the benchmarks' check: groups in TorchScript, eager fallbacks
     lazy_mlir.init(args.level)
@@ -107,9 +135,11 @@ def main():
         size = IMAGE_SIZE.get(name, 64)
         batches = [(torch.randn(2, 3, size, size, generator=g, dtype=dtype), torch.randint(0, 10, (2,), generator=g))
                    for _ in range(args.steps)]
+        moved = _moved(eager)
         try:
-            want, _, _ = _train(eager, "cpu", batches)
-            got, snapshots, seconds = _train(lazy, "lazy", batches, metrics)
+            _, _, _, floor_grads = _train(moved, "cpu", batches)
+            want, _, _, want_grads = _train(eager, "cpu", batches)
+            got, snapshots, seconds, got_grads = _train(lazy, "lazy", batches, metrics)
         except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
             print(f"{name:20s} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             failed += 1
@@ -118,9 +148,15 @@ def main():
         executions = [s["graph_executions"] for s in snapshots]
         why = next((w for w in (not_compiled(s, args.level) for s in snapshots) if w), None)
         later = f"  later steps {statistics.median(seconds[1:]) * 1000:.0f} ms (median)" if len(seconds) > 1 else ""
-        print(f"{name:20s} loss rel diff {rel:.1e}  executions/step {executions}  first step {seconds[0]:.0f} s"
+        grad, floor = (_largest_gradient_difference(want_grads, grads) for grads in (got_grads, floor_grads))
+        print(f"{name:20s} loss rel diff {rel:.1e}  first-step gradients rel diff {grad:.1e} "
+              f"(eager's rounding floor {floor:.1e})  executions/step {executions}  first step {seconds[0]:.0f} s"
               + later + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
-        failed += any(e != 1 for e in executions) or why is not None
+        # the checker's rule: beyond the dtype's tolerance and ten times rounding's reach
+        beyond = grad > max(numerics_check.NOISE_FACTOR * floor, numerics_check.TOLERANCES[dtype][0])
+        if beyond:
+            print(f"{name:20s} GRADIENTS BEYOND ROUNDING", flush=True)
+        failed += any(e != 1 for e in executions) or why is not None or beyond
     sys.exit(1 if failed else 0)
 
 
