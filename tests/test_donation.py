@@ -53,7 +53,9 @@ def test_gpt_adamw_updates_state_in_place(donation):
     read twice, by the forward and by its update) with AdamW in fp64: once
     steady (the steps that compile hold their tensors a little longer, and
     those buffers are copied, not overwritten) every parameter and moment
-    keeps its buffer, nothing is copied, and training matches eager."""
+    keeps its buffer, nothing is copied, and training matches eager. Steady
+    from the second step: the first step's run through Python (Inductor's
+    alias checks ask for storages) leaves no copy behind."""
     batches = list(gpt_batches(SMALL_GPT, 7))
 
     def run(device):
@@ -82,11 +84,11 @@ def test_gpt_adamw_updates_state_in_place(donation):
         torch.testing.assert_close(state[name], eager_state[name], rtol=1e-10, atol=1e-12, msg=name)
     assert_compiled(calls=len(batches))
     assert len(buffers[-1]) == 3 * len(list(make_gpt(SMALL_GPT).parameters()))
-    for i in range(len(buffers) - 3, len(buffers)):
+    for i in range(2, len(buffers)):
         moved = [n for n in buffers[i] if buffers[i][n] != buffers[i - 1][n] or buffers[i][n] == 0]
         assert moved == [], f"step {i}: fresh buffers for {moved}"
-    steady = [counters[i] for i in (-4, -1)]
-    assert steady[1]["outputs_in_place"] - steady[0]["outputs_in_place"] >= 3 * len(buffers[-1])
+    steady = [counters[i] for i in (0, -1)]
+    assert steady[1]["outputs_in_place"] - steady[0]["outputs_in_place"] >= (len(batches) - 1) * len(buffers[-1])
     assert steady[1]["donor_copies"] == steady[0]["donor_copies"]
 
 

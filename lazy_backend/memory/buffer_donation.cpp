@@ -26,6 +26,18 @@ bool pythonObjectOnlyPreserved(const c10::TensorImpl* impl, bool* has_object) {
   return object == nullptr || impl->pyobj_slot()->has_unique_reference();
 }
 
+// Whether a storage is held by one tensor alone. Python code that asked for
+// the tensor's storage (``untyped_storage()``: Inductor's and AOTAutograd's
+// alias checks at a group's first run through Python, ours) left a Python
+// storage object that the storage preserves once Python lets go of it, and
+// that object holds the storage: one use more, which no one can read
+// through while no Python code references the object.
+bool storageOfOneTensor(const c10::Storage& storage) {
+  const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (impl->pyobj_slot()->load_pyobj() == nullptr) return storage.use_count() == 1;
+  return storage.use_count() == 2 && impl->pyobj_slot()->has_unique_reference();
+}
+
 }  // namespace
 
 bool DeadBuffers::contains(const c10::TensorImpl* impl) const {
@@ -92,7 +104,7 @@ DeadBuffers BufferDonation::find(c10::ArrayRef<torch::lazy::BackendDataPtr> argu
     const at::Tensor tensor = ts->data();  // one more use while held here
     const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
     bool has_object = false;
-    ok = ok && tensor.storage().use_count() == 1 && pythonObjectOnlyPreserved(impl, &has_object);
+    ok = ok && storageOfOneTensor(tensor.storage()) && pythonObjectOnlyPreserved(impl, &has_object);
     seen.push_back({impl, donor_groups[a], static_cast<long>(tensor.use_count()) - 1 - (has_object ? 1 : 0), ok});
   }
   std::sort(seen.begin(), seen.end(), [](const Seen& x, const Seen& y) { return x.impl < y.impl; });

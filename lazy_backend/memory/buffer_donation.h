@@ -18,7 +18,8 @@
 //    same group (LTC hands a weight read twice as two BackendData sharing
 //    one tensor), and by its preserved Python object when no Python code
 //    holds that;
-//  - its storage by that one tensor (no view of it anywhere).
+//  - its storage by that one tensor (no view of it anywhere), and by its
+//    preserved Python storage object when no Python code holds that.
 // CompiledGroup::run hands dead buffers to the generated code as they are
 // and clones any other candidate first: the code then writes into the copy
 // (one copy, still correct).
