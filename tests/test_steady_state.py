@@ -12,6 +12,7 @@ import torch
 import lazy_mlir
 from helpers import assert_compiled, assert_same_training
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+from lazy_mlir.native import _C
 from lazy_mlir.observe import metrics
 from lazy_mlir.trace import steady_state
 
@@ -102,6 +103,18 @@ def test_state_created_as_device_data_only_in_the_first_step(lazy_level):
     torch._lazy.mark_step()
     # outside it: a graph op (an expanded scalar, fill_kernels.h), not state-sized device data
     assert "is_scalar_expand=1" in torch._C._lazy._get_tensors_text([torch.zeros_like(exp_avg)])
+
+
+def test_state_is_the_buffer_made_for_it(lazy_level):
+    """The first step's state is adopted as device data: its buffer, not
+    .to("lazy")'s two copies (AdamW's moments would be thrice in memory for
+    a moment: the GPT-2-small shape's peak was 1.4x eager's)."""
+    value = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    lazy = _C.adopt_as_device_data(value)
+    assert lazy.device.type == "lazy" and _C.device_data_ptr(lazy) == value.data_ptr()
+    torch.testing.assert_close((lazy * 2).cpu(), value * 2)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        _C.adopt_as_device_data(value.t())
 
 
 def test_prepare_refuses_a_model_not_on_the_lazy_device():

@@ -223,6 +223,19 @@ PYBIND11_MODULE(_C, m) {
     if (ts == nullptr || !ts->HasValue()) return 0;
     return reinterpret_cast<int64_t>(ts->data().data_ptr());
   }, py::arg("tensor"));
+  m.def("adopt_as_device_data", [](const at::Tensor& tensor) -> at::Tensor {
+    // A lazy tensor whose device data is `tensor`'s own buffer. LTC's
+    // .to("lazy") copies a host tensor and copies it again when it is first
+    // traced (the TorchScript backend's transfer compares cpu with cpu:0):
+    // three buffers for a moment. For a tensor that the caller made and
+    // hands over (an optimizer's first state), one.
+    TORCH_CHECK(tensor.is_contiguous() && !tensor.is_lazy(), "adopt_as_device_data: a contiguous tensor of the backing device");
+    const torch::lazy::BackendDevice device = torch::lazy::atenDeviceToBackendDevice(c10::Device(c10::kLazy, 0));
+    auto data = std::make_shared<torch::lazy::TSData>(tensor, torch::lazy::Shape(tensor.scalar_type(), tensor.sizes()),
+                                                      device);
+    at::Tensor lazy = torch::lazy::CreateAtenFromLtcTensor(torch::lazy::LazyTensor::Create(std::move(data)));
+    return at::functionalization::impl::to_functional_tensor(lazy);
+  }, py::arg("tensor"));
   m.def("stats", [] { return lazy_mlir::RunStats::get().snapshot(); });
   m.def("reset_stats", [] { lazy_mlir::RunStats::get().reset(); });
 }

@@ -39,6 +39,7 @@ from .. import config
 from ..cluster import compilable, layer_groups
 from ..native import _C
 from ..observe import metrics, syncs
+from . import device_module
 
 _settled: weakref.WeakSet = weakref.WeakSet()       # modules decided on (their parameters settled, or none to settle)
 _state_as_data: weakref.WeakSet = weakref.WeakSet()  # optimizers enrolled by prepare()
@@ -228,6 +229,8 @@ class _StateAsDeviceData(torch.overrides.TorchFunctionMode):
             like = args[0]
             device = torch.device(kwargs.get("device") or like.device)
             if device.type == "lazy":
-                value = torch.full(like.shape, _fill_value(func, args, kwargs), dtype=kwargs.get("dtype") or like.dtype)
-                return value.to(device).requires_grad_(bool(kwargs.get("requires_grad", False)))
+                value = torch.full(like.shape, _fill_value(func, args, kwargs), dtype=kwargs.get("dtype") or like.dtype,
+                                   device=device_module.backing_device())
+                # its buffer is the device data (.to would copy it twice: AdamW's moments thrice for a moment)
+                return _C.adopt_as_device_data(value).requires_grad_(bool(kwargs.get("requires_grad", False)))
         return func(*args, **kwargs)
