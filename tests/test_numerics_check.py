@@ -1,5 +1,6 @@
 """The numerics checker (init(check=True)) and the minifier, on a miscompile
-injected into Inductor's lowering of ``aten.sub`` (tests/miscompile_injection.py).
+injected into Inductor's lowering of ``aten.sub`` (tests/miscompile_injection.py)
+and into the MLIR stage (tests/mlir_miscompile_injection.py).
 
 The checker must find the disagreeing group at its first run, name the ops
 and source lines, run the group in TorchScript from then on (training equal
@@ -70,6 +71,21 @@ def injected(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def injected_in_mlir(tmp_path, monkeypatch):
+    """The miscompile in the MLIR stage, in this process and in processes
+    started from it (the minifier's worker, the reproducer)."""
+    import mlir_passes
+    monkeypatch.setenv("MISCOMPILE_INJECTION_DIR", str(tmp_path))
+    monkeypatch.setattr(mlir_passes, "run_pipeline", mlir_passes.run_pipeline)  # put back afterwards
+    monkeypatch.syspath_prepend(TESTS)
+    sys.modules.pop("mlir_miscompile_injection", None)
+    importlib.import_module("mlir_miscompile_injection")
+    yield tmp_path
+    sys.modules.pop("mlir_miscompile_injection", None)
+    compile_cache.clear_memory()
+
+
+@pytest.fixture
 def checking(tmp_path):
     lazy_mlir.init("O1", check=True, isolated_compile=False, compile_workers=0, cache=False,
                    background_compile=False, dump_dir=str(tmp_path / "dumps"))
@@ -98,6 +114,30 @@ def test_an_injected_miscompile_is_found_reported_and_trained_around(injected, c
     source = open(script).read()
     graph = source.split('"""')[1]
     assert graph.count("torch.ops.aten.") == 1 and "torch.ops.aten.sub.Tensor" in graph, graph
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 1 and "MISMATCH" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_miscompile_in_the_mlir_passes_is_found_and_shrunk(injected_in_mlir, checking):
+    """The same defect made by the MLIR stage: the checker names that stage,
+    and the minifier shrinks ts_to_fx's graph of the group, taking each
+    trial through the passes and back, to the flipped op."""
+    lazy_mlir.native._C.clear_computation_cache()
+    eager_losses, _ = _train(CPU)
+    with pytest.warns(RuntimeWarning, match="disagrees with TorchScript") as caught:
+        lazy_losses, _ = _train(LAZY)
+    text = next(str(w.message) for w in caught if "disagrees" in str(w.message))
+    assert "stage at fault: mlir" in text, text
+    torch.testing.assert_close(lazy_losses, eager_losses, rtol=1e-12, atol=1e-12)
+
+    case = sorted(glob.glob(str(injected_in_mlir / "dumps" / "*.case.pt")))[0]
+    script = minify.minify_case(case, str(injected_in_mlir / "repro.py"), imports=["mlir_miscompile_injection"],
+                                log=lambda _: None)
+    graph = open(script).read().split('"""')[1]
+    # the subtraction, and the read of its alpha (ts_to_fx's graphs take Python numbers as 0-d tensors)
+    ops = graph.count("torch.ops.aten.") - graph.count("torch.ops.aten.ScalarImplicit")
+    assert ops == 1 and "torch.ops.aten.sub.Tensor" in graph, graph
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 1 and "MISMATCH" in run.stdout, run.stdout + run.stderr

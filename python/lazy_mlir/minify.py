@@ -4,8 +4,11 @@
 checker (numerics_check, ``init(check=True)``) wrote for a group whose
 generated code disagreed with TorchScript. The checker already found the
 stage at fault (``ts_to_fx``, ``mlir``: the passes and the export, or
-``codegen``); for code generation the group's exported FX graph is shrunk
-while the mismatch holds, as torch.compile's accuracy minifier does:
+``codegen``) and saved the graph that goes into it: for code generation
+the group's exported FX graph, for the MLIR passes ts_to_fx's graph of the
+group. That graph is shrunk while the mismatch holds (compiled by Inductor,
+or taken through the passes and back and run eagerly), as torch.compile's
+accuracy minifier does:
 
 1. one disagreeing output is kept (the one with the fewest ops behind it);
 2. ops are cut off the graph's front, each cut op becoming an input that
@@ -14,8 +17,10 @@ while the mismatch holds, as torch.compile's accuracy minifier does:
 3. an earlier op that already disagrees becomes the output, and 2 again.
 
 The result is one Python file: the small graph (its FX code, and the graph
-itself as bytes), its inputs, and a check that compiles it as lazy_mlir
-does and compares with eager; it exits 1 while the defect is there.
+itself as bytes), its inputs, and a check that puts it through the stage
+at fault as lazy_mlir does and compares with eager; it exits 1 while the
+defect is there. A mismatch in ts_to_fx (TorchScript's graph against its
+FX translation) is not shrunk: the case file is the report.
 Each trial compiles in a worker process: a defect that crashes it (an
 out-of-bounds write) counts as reproduced, and the worker is restarted.
 """
@@ -145,25 +150,43 @@ def _copies(inputs):
     return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
 
 
-def _codegen_disagrees(graph: bytes, inputs: list, options: dict) -> bool:
-    """Whether lazy_mlir's code for a graph disagrees with eager (the checker's tolerances)."""
-    # the compiler: in the trial worker only
+# the stages whose input graph can be shrunk
+STAGES = ("codegen", "mlir")
+
+
+def through_stage(stage: str, gm: fx.GraphModule, inputs: list, options: dict):
+    """``gm`` as the stage at fault makes it, a callable list -> list:
+    Inductor's code (codegen), or the graph the MLIR passes give back, run
+    eagerly (mlir)."""
+    # the compilers: in the trial worker and the reproducer only
+    if stage == "mlir":
+        from .lowering.group_lowering import through_mlir
+        lowered = through_mlir(gm, inputs, options["pipeline"])
+        return lambda xs: list(lowered(*xs))
     from .codegen import inductor
     from .lowering.group_lowering import fake_inputs_of
+    fake_mode, fakes = fake_inputs_of(inputs)
+    run, _, _ = inductor.compile_graph(gm, fakes, fake_mode, "minify", cpp_wrapper=options.get("cpp_wrapper"))
+    return run
 
-    gm = portable_graph.loads(graph)
+
+def disagreements(stage: str, gm: fx.GraphModule, inputs: list, options: dict) -> list:
+    """(output, difference, largest value) for each output of ``gm`` that the
+    stage makes disagree with eager beyond the checker's tolerances."""
+    reference = list(gm(*_copies(inputs)))
+    outputs = through_stage(stage, gm, inputs, options)(_copies(inputs))
+    tolerance = numerics_check.fx_tolerance(gm, inputs)
+    found, _ = numerics_check.differences_beyond_noise(
+        inputs, reference, lambda moved: list(gm(*moved)), numerics_check.fx_float(gm, inputs),
+        lambda floors: numerics_check.compare_values(outputs, reference, tolerance, floors))
+    return found
+
+
+def _disagrees(stage: str, graph: bytes, inputs: list, options: dict) -> bool:
     try:
-        reference = list(gm(*_copies(inputs)))
-        fake_mode, fakes = fake_inputs_of(inputs)
-        run, _, _ = inductor.compile_graph(gm, fakes, fake_mode, "minify", cpp_wrapper=options.get("cpp_wrapper"))
-        outputs = run(_copies(inputs))
-        found, _ = numerics_check.differences_beyond_noise(
-            inputs, reference, lambda moved: list(gm(*moved)), numerics_check.fx_float(gm, inputs),
-            lambda floors: numerics_check.compare_values(outputs, reference, numerics_check.fx_tolerance(gm, inputs),
-                                                         floors))
+        return bool(disagreements(stage, portable_graph.loads(graph), inputs, options))
     except Exception:  # noqa: BLE001 - another failure than the one being shrunk
         return False
-    return bool(found)
 
 
 def _serve(connection, imports: list[str]) -> None:
@@ -176,15 +199,16 @@ def _serve(connection, imports: list[str]) -> None:
         job = connection.recv()
         if job is None:
             return
-        connection.send(_codegen_disagrees(*job))
+        connection.send(_disagrees(*job))
 
 
-class CodegenTrials:
-    """Runs each trial in a worker process (spawned, restarted after a
-    crash): a defect that writes out of bounds kills the worker, not the
-    minifier, and counts as reproduced."""
+class Trials:
+    """Runs each trial of ``stage`` in a worker process (spawned, restarted
+    after a crash): a defect that writes out of bounds kills the worker,
+    not the minifier, and counts as reproduced."""
 
-    def __init__(self, options: dict, imports: list[str] = ()):
+    def __init__(self, stage: str, options: dict, imports: list[str] = ()):
+        self.stage = stage
         self.options = options
         self.imports = list(imports)
         self.worker = None
@@ -196,7 +220,7 @@ class CodegenTrials:
             self.worker = context.Process(target=_serve, args=(child, self.imports), daemon=True)
             self.worker.start()
         try:
-            self.connection.send((portable_graph.dumps(gm), list(inputs), self.options))
+            self.connection.send((self.stage, portable_graph.dumps(gm), list(inputs), self.options))
             return self.connection.recv()
         except (EOFError, ConnectionError, OSError):
             self.worker.join()
@@ -209,8 +233,8 @@ class CodegenTrials:
             self.worker.join()
 
 
-_SCRIPT = '''"""A reproducer lazy_mlir.minify wrote from {case}: lazy_mlir's generated
-code for this graph disagrees with eager PyTorch (stage: {stage}).
+_SCRIPT = '''"""A reproducer lazy_mlir.minify wrote from {case}: lazy_mlir's {what}
+for this graph disagrees with eager PyTorch (stage: {stage}).
 Run it: python {script}  (exit 1: the defect is there; 0: it is not)
 
 The graph ({ops} ops):
@@ -223,26 +247,16 @@ import sys
 import torch
 
 import lazy_mlir  # noqa: F401 - registers lazy_mlir's ops
-{imports}from lazy_mlir.lowering import portable_graph
-from lazy_mlir.run import numerics_check
-from lazy_mlir.codegen import inductor
-from lazy_mlir.lowering.group_lowering import fake_inputs_of
+{imports}from lazy_mlir import minify
+from lazy_mlir.lowering import portable_graph
 
 GRAPH = base64.b64decode("{graph}")
 INPUTS = torch.load(io.BytesIO(base64.b64decode("{inputs}")), weights_only=False)
-CPP_WRAPPER = {cpp_wrapper}
+OPTIONS = {options!r}
 
 
 def main() -> int:
-    gm = portable_graph.loads(GRAPH)
-    reference = list(gm(*[t.clone() for t in INPUTS]))
-    fake_mode, fakes = fake_inputs_of(INPUTS)
-    run, code, _ = inductor.compile_graph(gm, fakes, fake_mode, "repro", cpp_wrapper=CPP_WRAPPER)
-    outputs = run([t.clone() for t in INPUTS])
-    tolerance = numerics_check.fx_tolerance(gm, INPUTS)
-    bad, _ = numerics_check.differences_beyond_noise(
-        INPUTS, reference, lambda moved: list(gm(*moved)), numerics_check.fx_float(gm, INPUTS),
-        lambda floors: numerics_check.compare_values(outputs, reference, tolerance, floors))
+    bad = minify.disagreements("{stage}", portable_graph.loads(GRAPH), INPUTS, OPTIONS)
     for k, max_diff, scale in bad:
         print(f"output {{k}}: {{max_diff:.3g}} off (largest value {{scale:.3g}})")
     print("MISMATCH" if bad else "agrees with eager")
@@ -253,6 +267,9 @@ if __name__ == "__main__":
     sys.exit(main())
 '''
 
+# what each stage makes of the graph, for the reproducer's first line
+_WHAT = {"codegen": "generated code", "mlir": "MLIR passes (and the export back to FX)"}
+
 
 def write_script(path: str, case_path: str, stage: str, gm: fx.GraphModule, inputs: list, options: dict,
                  imports: list[str] = ()) -> None:
@@ -261,27 +278,27 @@ def write_script(path: str, case_path: str, stage: str, gm: fx.GraphModule, inpu
     code = "\n".join("    " + line for line in gm.code.strip().splitlines())
     ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     with open(path, "w") as f:
-        f.write(_SCRIPT.format(case=case_path, stage=stage, script=path, ops=ops, code=code.replace('"""', "'''"),
-                               graph=base64.b64encode(portable_graph.dumps(gm)).decode(),
+        f.write(_SCRIPT.format(case=case_path, stage=stage, what=_WHAT[stage], script=path, ops=ops,
+                               code=code.replace('"""', "'''"), graph=base64.b64encode(portable_graph.dumps(gm)).decode(),
                                inputs=base64.b64encode(buffer.getvalue()).decode(),
-                               cpp_wrapper=bool(options.get("cpp_wrapper")),
+                               options={k: options[k] for k in ("pipeline", "cpp_wrapper") if k in options},
                                imports="".join(f"import {name}  # noqa: F401\n" for name in imports)))
 
 
 def minify_case(case_path: str, out_path: str | None = None, imports: list[str] = (), log=print) -> str | None:
     """Shrinks the checker's case file; returns the reproducer's path (None
-    when the stage at fault is not code generation: the case file is then
+    when the stage at fault is ts_to_fx, or unknown: the case file is then
     the report). ``imports``: modules to import before compiling (the
     user's own op libraries), in the trials and in the reproducer."""
     case = torch.load(case_path, weights_only=False)
     stage = case["stage"]
     log(f"{case['name']}: the mismatch arises in {stage}")
-    if stage != "codegen":
-        log(f"only code generation's graphs are shrunk: attach {case_path} to the report")
+    if stage not in STAGES or case["graph"] is None:
+        log(f"only the graphs of {' and '.join(STAGES)} are shrunk: attach {case_path} to the report")
         return None
     gm = portable_graph.loads(case["graph"])
     inputs = case["inputs"]
-    check = CodegenTrials(case["options"], imports)
+    check = Trials(stage, case["options"], imports)
     start = time.perf_counter()
     try:
         if not check(gm, inputs):

@@ -34,7 +34,7 @@ from . import portable_graph, symbolic_metas
 from .fx_to_mlir import import_graph
 from .lowered_group import LoweredGroup
 from .mlir_to_fx import export_graph
-from .ts_to_fx import ts_graph_to_fx
+from .ts_to_fx import fake_values, ts_graph_to_fx
 
 
 class _Stage:
@@ -135,6 +135,19 @@ def prepare_group(graph: torch._C.Graph, example_inputs: list, name: str, cfg: c
     artifacts = _cache_artifacts(gm, cfg) if cfg.cache or keep_graph else None  # before Inductor changes gm
     return PreparedGroup(name, gm, fake_inputs, fake_mode, guards, collective_bytes, artifacts,
                          symbolic is not None)
+
+
+def through_mlir(gm: torch.fx.GraphModule, inputs: list, pipeline: str) -> torch.fx.GraphModule:
+    """An ATen FX graph (ts_to_fx's, or a part of it) through the MLIR passes
+    and back, as prepare_group lowers a group, without code generation: run
+    eagerly, it shows what the passes did (the minifier shrinks a mismatch
+    that arises there with it)."""
+    fake_mode, fakes = fake_inputs_of(inputs)
+    fake_values(gm, fake_mode, fakes)  # a part's new inputs have no values yet
+    module = import_graph(gm, "group", _scalar_values(inputs))
+    mlir_passes.run_pipeline(module, pipeline)
+    mlir_passes.run_pipeline(module, "verify-markers-lowered")
+    return export_graph(module, "group", fake_mode, group_device(inputs, "cpu"), [t.device for t in fakes])
 
 
 def generate_code(prepared: PreparedGroup, cfg: config.Config) -> LoweredGroup:

@@ -69,6 +69,25 @@ def _fake_scalar(value: torch.Tensor):
     return 1
 
 
+def fake_values(gm: fx.GraphModule, fake_mode: FakeTensorMode, fakes: list) -> None:
+    """Gives every node of a graph this module made, or of a part of one,
+    its ``meta["val"]`` as the conversion does (``fakes``: the inputs'; a
+    scalar read from a tensor is a placeholder of its type): the minifier's
+    parts get new inputs, which have none."""
+
+    class Values(fx.Interpreter):
+        def run_node(self, node):
+            if node.op == "call_function" and node.target is torch.ops.aten.ScalarImplicit.default:
+                result = _fake_scalar(self.env[node.args[0]])
+            else:
+                result = super().run_node(node)
+            node.meta["val"] = result
+            return result
+
+    with fake_mode:
+        Values(gm).run(*fakes)
+
+
 class _Converter:
     def __init__(self, graph: torch._C.Graph, fake_mode: FakeTensorMode, input_fakes=None, size_exprs=None,
                  scalar_exprs=None):
