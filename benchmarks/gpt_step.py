@@ -28,6 +28,14 @@ FAILED and why instead of a figure, and the script exits 1.
 
     .venv/bin/python benchmarks/gpt_step.py [--steps 20] [--warmup 5] [--only eager,lazy_mlir_O1]
     .venv/bin/python benchmarks/gpt_step.py --paired [--only eager,compile_model_opt,lazy_mlir_O1]
+
+--shape gpt2-small runs GPT-2 small's layers (12 x 768, 12 heads, a
+vocabulary of 8192: 91.5M parameters) on sequences of 256 in batches of 2,
+the size at which peak memory against eager's is measured (each row in its
+own process, its peak RSS in the table):
+
+    .venv/bin/python benchmarks/gpt_step.py --shape gpt2-small --steps 6 --warmup 2 \
+        --only eager,compile_model_opt,lazy_mlir_O1 --cold-cache
     .venv/bin/python benchmarks/gpt_step.py --paired --only eager,compile_model_opt,compile_model_opt_max_autotune,lazy_mlir_O1
 """
 from __future__ import annotations
@@ -56,13 +64,21 @@ LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_
 CAPTURED_ROWS = {"lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs"}  # the model under lazy_mlir.capture
 
 
-def _step_fn(variant: str, init_options: dict, split: StepSplit | None):
+# --shape: GPT-mini (lazy_mlir.models' defaults), or GPT-2 small's layers
+# (12 x 768, 12 heads; 91.5M parameters with a vocabulary of 8192) on
+# sequences of 256, batches of 2: the size the memory figures are taken at
+SHAPES = {"mini": {}, "gpt2-small": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=8192, block_size=256,
+                                         batch_size=2)}
+SHAPE_NAMES = {"mini": "GPT-mini", "gpt2-small": "GPT-2-small shape"}
+
+
+def _step_fn(variant: str, init_options: dict, split: StepSplit | None, shape: str = "mini"):
     import torch
     from lazy_mlir.models import GPTConfig, make_adamw, make_gpt
 
     # The stock TS backend returns CPU tensors from split: it runs the same
     # model with q, k, v sliced instead.
-    cfg = GPTConfig(split_qkv=variant != "ts_lazy")
+    cfg = GPTConfig(split_qkv=variant != "ts_lazy", **SHAPES[shape])
     lazy = variant.startswith(("ts_lazy", "lazy_mlir"))
     if variant == "ts_lazy":
         import torch._lazy.ts_backend
@@ -99,13 +115,13 @@ def _lazy_failure(variant: str, steps: int) -> str | None:
     return check_lazy(LAZY_MLIR_ROWS[variant][0], steps if variant in CAPTURED_ROWS else None)
 
 
-def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None = None) -> dict:
+def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None = None, shape: str = "mini") -> dict:
     """Runs in the child process. ``init_options`` go to lazy_mlir.init()."""
     from lazy_mlir.observe import metrics
     from lazy_mlir.models import gpt_batches
 
     split = StepSplit() if variant.startswith("lazy_mlir") else None
-    step, cfg = _step_fn(variant, init_options or {}, split)
+    step, cfg = _step_fn(variant, init_options or {}, split, shape)
     warm_up = {}
 
     def at_warmup():
@@ -147,7 +163,7 @@ PAIRED_DEFAULT = "eager,compile_model,compile_model_opt,compile_model_opt_max_au
                  "compile_model_opt_reduce_overhead,lazy_mlir_O1"
 
 
-def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict) -> dict[str, dict]:
+def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict, shape: str = "mini") -> dict[str, dict]:
     """All ``variants`` in this process, one step of each in turn (at most
     one lazy_mlir row: the lazy backend is one per process). A row whose
     torch.compile mode the device cannot run is FAILED, not built."""
@@ -157,7 +173,7 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
     if len(lazy_rows) > 1 or "ts_lazy" in lazy_rows:
         raise SystemExit(f"--paired takes at most one lazy_mlir row, got {lazy_rows}")
     refused = {v: why for v in variants if (why := mode_refused(v, backing_device()))}
-    built = {v: _step_fn(v, init_options, None) for v in variants if v not in refused}
+    built = {v: _step_fn(v, init_options, None, shape) for v in variants if v not in refused}
     if not built:
         return {v: {"failed": why} for v, why in refused.items()}
     cfg = next(iter(built.values()))[1]  # every row's model has the same sizes
@@ -175,10 +191,10 @@ def run_paired(variants: list[str], steps: int, warmup: int, init_options: dict)
 NAME = max(map(len, VARIANTS)) + 1  # the variant column's width
 
 
-def print_paired(results: dict[str, dict], steps: int, warmup: int) -> dict[str, str]:
+def print_paired(results: dict[str, dict], steps: int, warmup: int, shape: str = "mini") -> dict[str, str]:
     """Prints the --paired table; returns the failed rows' reasons."""
     ok = ok_rows(results)
-    print(f"\nGPT-mini step on {backing_device()}, all rows in one process taking turns step by step, "
+    print(f"\n{SHAPE_NAMES[shape]} step on {backing_device()}, all rows in one process taking turns step by step, "
           f"{steps} timed steps after {warmup} warm-up (medians, ms)")
     table = Table([Col("ms/step", 9, "ms_per_step"), *ratio_cols(ok),
                    *(Col(part, width, lambda r, part=part: r["paired_ms"][part])
@@ -194,11 +210,11 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int) -> dict[str,
 
 
 def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None,
-                      cold: bool = False) -> dict:
+                      cold: bool = False, shape: str = "mini") -> dict:
     """The variant's result from a fresh process; {"failed": why} if it failed.
     ``cold``: a lazy_mlir row gets an empty compile cache folder of its own."""
     args = ["--child", variant, "--steps", str(steps), "--warmup", str(warmup),
-            "--init-options", json.dumps(init_options or {})]
+            "--init-options", json.dumps(init_options or {}), "--shape", shape]
     if not cold:
         return run_child(__file__, args)
     with empty_caches("lazy_mlir_cold_cache_", inductor=False) as env:
@@ -219,17 +235,20 @@ def main():
     parser.add_argument("--cold-cache", action="store_true",
                         help="each lazy_mlir row compiles its groups in its own process (an empty compile cache); "
                              "by default rows load what the cache holds")
+    parser.add_argument("--shape", choices=list(SHAPES), default="mini",
+                        help="GPT-mini, or GPT-2 small's layers (12 x 768) with a vocabulary of 8192, "
+                             "sequences of 256, batches of 2")
     parser.add_argument("--json", default="gpt_step.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--init-options", default="{}", help="JSON dict for lazy_mlir.init()")
     args = parser.parse_args()
     if args.child:
-        emit(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options)))
+        emit(run_variant(args.child, args.steps, args.warmup, json.loads(args.init_options), args.shape))
         return
     if args.paired:
         rows = args.only.split(",") if args.only else runnable(PAIRED_DEFAULT.split(","), backing_device())
-        results = run_paired(rows, args.steps, args.warmup, json.loads(args.init_options))
-        failed = print_paired(results, args.steps, args.warmup)
+        results = run_paired(rows, args.steps, args.warmup, json.loads(args.init_options), args.shape)
+        failed = print_paired(results, args.steps, args.warmup, args.shape)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
         exit_if_failed(failed)
@@ -241,13 +260,13 @@ def main():
             return {"failed": why}
         # The stock TS backend takes seconds per step (eager fallbacks): fewer steps, one round.
         steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
-        return run_in_subprocess(variant, steps, warmup, json.loads(args.init_options), args.cold_cache)
+        return run_in_subprocess(variant, steps, warmup, json.loads(args.init_options), args.cold_cache, args.shape)
     # Timings on these machines drift: interleave the variants round by round
     # and keep, per variant, the round with the median step time.
     results = run_rounds(args.rounds, args.only.split(",") if args.only else runnable(VARIANTS, backing_device()), run,
                          label=lambda v: f"running {v}", once={"ts_lazy"}, pick=pick_round)
     ok = ok_rows(results)
-    print(f"\nGPT-mini step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
+    print(f"\n{SHAPE_NAMES[args.shape]} step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved round(s)")
     table = Table([Col("ms/step", 9, "ms_per_step"), *ratio_cols(ok), Col("compile s", 10, "compile_s"),
                    Col("RSS MB", 8, "peak_rss_mb", ".0f"), Col("cache", 6, lambda r: r.get("cache", "-")),

@@ -315,6 +315,12 @@ def snapshot() -> dict:
         "step_memory_hits": stats["step_memory_hits"],
         "step_memory_misses": stats["step_memory_misses"],
         "step_memory_evicted": stats["step_memory_evicted"],
+        # buffer donation (buffer_donation.h): group outputs written into the
+        # buffer of the input they replace, and inputs copied first (still in use)
+        "outputs_in_place": stats["outputs_in_place"],
+        "in_place_bytes": stats["in_place_bytes"],
+        "donor_copies": stats["donor_copies"],
+        "donor_copy_bytes": stats["donor_copy_bytes"],
         # random ops whose results nothing read, run at the sync as eager runs them (dead_draws.h)
         "dead_draws_kept": stats["dead_draws_kept"],
         "stage_runs": stage_runs,
@@ -409,6 +415,10 @@ def report() -> str:
                      f"{s['capture_refused']} run op by op")
         for module, why in s["capture_refusals"].items():
             lines.append(f"    {module}: {why}")
+    if s["outputs_in_place"] or s["donor_copies"]:
+        lines.append(f"  written in place     {s['outputs_in_place']} outputs ({s['in_place_bytes'] / 2**20:.1f} MiB) "
+                     f"into the buffers they replace; {s['donor_copies']} buffers copied first, still in use "
+                     f"({s['donor_copy_bytes'] / 2**20:.1f} MiB)")
     if s["dead_draws_kept"]:
         lines.append(f"  unused draws         {s['dead_draws_kept']} random ops nothing read, run as eager runs them")
     if s["cuda_graphs_captured"] or s["cuda_graph_refusals"]:
