@@ -106,6 +106,7 @@ def _step_fn(variant: str, init_options: dict, split: StepSplit | None, shape: s
             mark_step()
         return loss.item()
 
+    step.model, step.optimizer = model, opt  # for the memory split
     return step, cfg
 
 
@@ -117,7 +118,7 @@ def _lazy_failure(variant: str, steps: int) -> str | None:
 
 def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None = None, shape: str = "mini") -> dict:
     """Runs in the child process. ``init_options`` go to lazy_mlir.init()."""
-    from lazy_mlir.observe import metrics
+    from lazy_mlir.observe import memory, metrics
     from lazy_mlir.models import gpt_batches
 
     split = StepSplit() if variant.startswith("lazy_mlir") else None
@@ -135,6 +136,8 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
         "ms_per_step": median,
         "compile_s": excess_s(times[:warmup], median / 1000),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # lazy_mlir.memory's parts (bytes) after the last step; the step's buffers: lazy rows only
+        "memory": memory.snapshot(step.model, step.optimizer),
         "steps": steps,
         "final_loss": losses[-1],
         "losses": losses,
@@ -209,6 +212,11 @@ def print_paired(results: dict[str, dict], steps: int, warmup: int, shape: str =
     return table.failed
 
 
+def _state_mb(r: dict) -> float:
+    m = r.get("memory")
+    return (m["parameters"] + m["gradients"] + m["optimizer_state"]) / 2**20 if m else NAN
+
+
 def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict | None = None,
                       cold: bool = False, shape: str = "mini") -> dict:
     """The variant's result from a fresh process; {"failed": why} if it failed.
@@ -269,7 +277,11 @@ def main():
     print(f"\n{SHAPE_NAMES[args.shape]} step on {backing_device()}, {args.steps} timed steps after {args.warmup} warm-up (median), "
           f"median of {args.rounds} interleaved round(s)")
     table = Table([Col("ms/step", 9, "ms_per_step"), *ratio_cols(ok), Col("compile s", 10, "compile_s"),
-                   Col("RSS MB", 8, "peak_rss_mb", ".0f"), Col("cache", 6, lambda r: r.get("cache", "-")),
+                   Col("RSS MB", 8, "peak_rss_mb", ".0f"),
+                   Col("state MB", 9, lambda r: _state_mb(r), ".0f"),
+                   Col("step MB", 8, lambda r: r["memory"]["step_buffers_peak"] / 2**20 if "cache" in r else NAN,
+                       ".0f"),
+                   Col("cache", 6, lambda r: r.get("cache", "-")),
                    Col("exec/step", 10, lambda r: r.get("executions_per_step", NAN), ".2f"),
                    Col("fallb/step", 11, lambda r: r.get("fallbacks_per_step", NAN), ".2f"), *split_cols(),
                    Col("loss", 9, "final_loss", ".4f")], names=(("variant", NAME),))
@@ -278,6 +290,8 @@ def main():
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
           "torch.compile(optimizer.step), default mode; " + modes_legend() + "; split columns (ms, medians): "
           "see benchmarks/harness.py")
+    print("  state MB: parameters, gradients and optimizer state after the last step; step MB: the compiled "
+          "step's own buffers at their peak (activations and temporaries, lazy_mlir.memory)")
     print("  cache: cold, the row compiled its groups (its peak RSS holds torch-mlir and Inductor's compiler); "
           "warm, it loaded them from lazy_mlir's compile cache as native code (--cold-cache: always cold)")
     if "ts_lazy" in ok:

@@ -17,11 +17,11 @@ import torch  # noqa: F401 - loads libtorch before our extension
 from . import config
 from .backend import init, wait_for_compiles
 from .cluster import compilable  # compilable.allow(op) / deny(op): the user's say on what compiles
-from .observe import metrics
+from .observe import memory, metrics
 from .trace.capture import capture
 from .trace.steady_state import prepare
 
-__all__ = ["init", "prepare", "capture", "wait_for_compiles", "metrics", "config", "compilable", "zero"]
+__all__ = ["init", "prepare", "capture", "wait_for_compiles", "metrics", "memory", "config", "compilable", "zero"]
 
 
 def __getattr__(name: str):
