@@ -19,7 +19,8 @@ and torch.compile run on the device backing lazy_mlir's
 (harness.backing_device()). Per model and variant: median ms/step after
 warm-up, ratios to eager, to the default-mode torch.compile rows and to the
 fastest torch.compile row, first-step seconds
-(tracing + compiling), and for lazy_mlir graph executions and eager
+(tracing + compiling), with one process per row its peak RSS and that over
+eager's, and for lazy_mlir graph executions and eager
 fallbacks per step and the step's split into trace / ltc / compile / glue /
 kernels (defined in benchmarks/harness.py). fp32, or with ``--autocast bf16`` the forward and loss under
 torch.autocast (each row on its own device: "lazy" for lazy_mlir's); ``--autocast fp16`` adds
@@ -52,6 +53,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import sys
 
 from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, best_line, check_lazy, compile_fn,
@@ -155,7 +157,9 @@ def run_variant(name: str, variant: str, size: str, steps: int, warmup: int, dro
         split, at_warmup = StepSplit(), metrics.reset
     times, losses = time_steps((lambda batch: step(batch, split.mark_step)) if split else step,
                                batches(warmup + steps), warmup, split, at_warmup)
-    result = {"ms_per_step": median_ms(times, warmup), "first_step_s": times[0], "final_loss": losses[-1]}
+    result = {"ms_per_step": median_ms(times, warmup), "first_step_s": times[0], "final_loss": losses[-1],
+              # the process's own (one process per row: comparable across rows)
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if split:
         result.update(_lazy_checks(variant, steps), split_ms=split.medians_ms(warmup))
     return result
@@ -255,6 +259,8 @@ def main():
         table = Table([Col("ms/step", 9, "ms_per_step", ".2f"),
                        *ratio_cols(ok, ratio_col(ok, "compile_loss_opt", "/c.l+opt", 9)),
                        Col("first s", 9, "first_step_s"),
+                       *([] if args.paired else [Col("RSS MB", 8, "peak_rss_mb", ".0f"),
+                                                 ratio_col(ok, "eager", "RSS/eag", 8, key="peak_rss_mb")]),
                        Col("exec/step", 10, lambda r: r.get("executions_per_step", NAN), ".2f"),
                        Col("fallb/step", 11, lambda r: r.get("fallbacks_per_step", NAN), ".2f"), *detail,
                        Col("loss", 9, "final_loss", ".4f")], names=(("model", 10), ("variant", W)), failed=failed)

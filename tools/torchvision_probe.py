@@ -1,7 +1,7 @@
 """Trains torchvision's own models (code nobody here wrote) a few SGD steps
 on the lazy device against eager, and says per model: the largest relative
-loss difference, the largest first-step gradient difference (against
-eager's own: eager with its weights moved by a few ulps), graph executions
+loss difference and the largest first-step gradient difference (each
+against eager's own: eager with its weights moved by a few ulps), graph executions
 per step, the first step's seconds (its compile), and why a step did not
 run generated code alone (a group left in TorchScript, an eager
 fallback). Exits 1 when any model did not, or when its gradients differ
@@ -96,6 +96,10 @@ def _largest_gradient_difference(want: list, got: list) -> float:
     return max((a - b).abs().max().item() for a, b in zip(want, got)) / max(scale, 1e-30)
 
 
+def _largest_loss_difference(want: list, got: list) -> float:
+    return max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(want, got))
+
+
 def _moved(model):
     """A copy of ``model`` with its parameters moved by a few units in their
     last place: how far rounding alone moves eager's own figures."""
@@ -137,19 +141,19 @@ def main():
                    for _ in range(args.steps)]
         moved = _moved(eager)
         try:
-            _, _, _, floor_grads = _train(moved, "cpu", batches)
+            floor_losses, _, _, floor_grads = _train(moved, "cpu", batches)
             want, _, _, want_grads = _train(eager, "cpu", batches)
             got, snapshots, seconds, got_grads = _train(lazy, "lazy", batches, metrics)
         except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
             print(f"{name:20s} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             failed += 1
             continue
-        rel = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(want, got))
+        rel, loss_floor = (_largest_loss_difference(want, losses) for losses in (got, floor_losses))
         executions = [s["graph_executions"] for s in snapshots]
         why = next((w for w in (not_compiled(s, args.level) for s in snapshots) if w), None)
         later = f"  later steps {statistics.median(seconds[1:]) * 1000:.0f} ms (median)" if len(seconds) > 1 else ""
         grad, floor = (_largest_gradient_difference(want_grads, grads) for grads in (got_grads, floor_grads))
-        print(f"{name:20s} loss rel diff {rel:.1e}  first-step gradients rel diff {grad:.1e} "
+        print(f"{name:20s} loss rel diff {rel:.1e} (eager's {loss_floor:.1e})  first-step gradients rel diff {grad:.1e} "
               f"(eager's rounding floor {floor:.1e})  executions/step {executions}  first step {seconds[0]:.0f} s"
               + later + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
         # the checker's rule: beyond the dtype's tolerance and ten times rounding's reach
