@@ -221,3 +221,28 @@ def test_only_floating_point_state_is_writable():
     assert not donation.writable(torch.tensor(2.0))  # 0-d
     assert not donation.writable(w.t()) and not donation.writable(w[1:])  # not dense from its storage's start
     assert not donation.writable(3.0)
+
+
+def test_a_state_replaced_by_a_permutation_of_itself_is_not_overwritten_while_read(donation):
+    """Inductor inlines the permutation into the kernel that writes the
+    result: written into the buffer it reads, it would overwrite elements
+    still to be read (torch 2.13 computes x.copy_(channel_shuffle(x))
+    wrongly in place, torch.compile too). Such an output gets a buffer of
+    its own; a pointwise update of the same state is still written in
+    place."""
+    def run(device, update):
+        state = torch.arange(64, dtype=torch.float64).reshape(1, 4, 4, 4).to(device)
+        for _ in range(3):
+            state.copy_(update(state))
+            if device == LAZY:
+                torch._lazy.mark_step()
+        return state.cpu()
+
+    shuffled = lambda t: torch.channel_shuffle(t, 2)  # noqa: E731
+    before = _counters()
+    torch.testing.assert_close(run(LAZY, shuffled), run(torch.device("cpu"), shuffled), rtol=0, atol=0)
+    after = _counters()
+    assert after["outputs_in_place"] == before["outputs_in_place"]
+    scaled = lambda t: t * 0.5 + 1  # noqa: E731
+    torch.testing.assert_close(run(LAZY, scaled), run(torch.device("cpu"), scaled), rtol=0, atol=0)
+    assert _counters()["outputs_in_place"] > after["outputs_in_place"]

@@ -13,8 +13,13 @@ shape, dtype and (contiguous) layout and ends the graph with
 input mutation and, for a pointwise result (AdamW's updates), computes it
 straight into the input's buffer: no allocation, no copy.
 
-An input is not donated when an output aliases it (a view of its old value
-would see the new one), when its tensor is not dense and contiguous, not
+An output is not written into an input whose elements it reads at other
+indices within the ops Inductor fuses into the writing kernel (a view, a
+gather, a concatenation of the input: ``x.copy_(channel_shuffle(x))``
+would overwrite elements still to be read); reads through an op computed
+into a buffer of its own first (a product, a reduction) are safe. An input
+is not donated when an output aliases it (a view of its old value would
+see the new one), when its tensor is not dense and contiguous, not
 floating-point (token ids, masks: never state a step overwrites), or when it
 is 0-d. Those last three are dropped before the group's cache key is made
 (``GroupExecutable._first_run``): a group that reads its batch elsewhere in
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 
 import torch
 import torch.fx as fx
@@ -35,6 +41,59 @@ from torch.multiprocessing.reductions import StorageWeakRef
 # How far (in FX nodes) an output may lie from the input it is written into:
 # an optimizer update is a few pointwise ops from its state.
 MAX_DISTANCE = 32
+
+# Ops whose element i reads other elements of their input than i (views,
+# gathers, concatenations): Inductor inlines them into the kernel that
+# reads their result as index arithmetic. Where that kernel writes the
+# input's own buffer, it overwrites elements it has still to read (torch
+# 2.13's Inductor computes x.copy_(channel_shuffle(x)) in place, wrongly).
+_REMAPPING = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "expand", "slice", "select",
+              "squeeze", "unsqueeze", "flip", "roll", "channel_shuffle", "pixel_shuffle", "pixel_unshuffle",
+              "as_strided", "diagonal", "index", "index_select", "gather", "take", "narrow", "unfold", "repeat",
+              "cat", "stack", "constant_pad_nd", "alias", "movedim", "split", "split_with_sizes", "unbind",
+              "chunk", "tril", "triu", "rot90", "_reshape_alias"}
+
+
+# Element i from element i, though not tagged pointwise (a copy's, a cast's)
+_ELEMENTWISE = {torch.ops.aten.copy.default, torch.ops.aten._to_copy.default}
+
+
+def _kind(node: fx.Node) -> str:
+    """How ``node`` reads its inputs, for the write-after-read check: "same"
+    (element i from elements i: pointwise ops, a tuple's item), "remap"
+    (other elements, inlined by Inductor: _REMAPPING) or "own" (an op
+    Inductor computes into a buffer of its own first: products,
+    convolutions, reductions, anything else)."""
+    target = node.target
+    if target is operator.getitem:
+        return "same"
+    if not isinstance(target, torch._ops.OpOverload):
+        return "own"
+    if torch.Tag.pointwise in target.tags or target in _ELEMENTWISE:
+        return "same"
+    name = target.overloadpacket.__name__
+    return "remap" if name in _REMAPPING or name.removesuffix("_copy") in _REMAPPING else "own"
+
+
+def _reads_elsewhere(donor: list[fx.Node], output: fx.Node) -> bool:
+    """Whether ``output`` reads the donor's elements at other indices than
+    its own within the ops Inductor may fuse into the kernel that writes it:
+    on a path from the donor through "same" and "remap" ops (an "own" op
+    ends a path: its result is a buffer of its own)."""
+    stack, seen = [(n, False) for n in donor], set()
+    while stack:
+        node, remapped = stack.pop()
+        for user in node.users:
+            kind = _kind(user) if user.op == "call_function" else "own"
+            if kind == "own":
+                continue
+            moved = remapped or kind == "remap"
+            if user is output and moved:
+                return True
+            if (user, moved) not in seen:
+                seen.add((user, moved))
+                stack.append((user, moved))
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +172,7 @@ def write_into_inputs(gm: fx.GraphModule, positions, inputs: list) -> list[Donat
                     if user not in seen and user.op != "output":
                         seen.add(user)
                         nxt.append(user)
-                        if user in targets and fits(user, inputs[k]):
+                        if user in targets and fits(user, inputs[k]) and not _reads_elsewhere(starts, user):
                             candidates.append((distance, k, user))
             frontier = nxt
     candidates.sort(key=lambda c: (c[0], c[1]))
