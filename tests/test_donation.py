@@ -223,13 +223,14 @@ def test_only_floating_point_state_is_writable():
     assert not donation.writable(3.0)
 
 
-def test_a_state_replaced_by_a_permutation_of_itself_is_not_overwritten_while_read(donation):
-    """Inductor inlines the permutation into the kernel that writes the
-    result: written into the buffer it reads, it would overwrite elements
-    still to be read (torch 2.13 computes x.copy_(channel_shuffle(x))
-    wrongly in place, torch.compile too). Such an output gets a buffer of
-    its own; a pointwise update of the same state is still written in
-    place."""
+def test_a_state_rebuilt_from_its_own_elements_elsewhere_is_not_overwritten_while_read(donation):
+    """A permutation of the state, or a shift of it (a scatter of its own
+    elements): Inductor inlines the permutation into the kernel that writes
+    the result, and scatters into the output buffer; written into the
+    buffer they read, both would overwrite elements still to be read
+    (torch 2.13 computes x.copy_(channel_shuffle(x)) wrongly in place,
+    torch.compile too). Such an output gets a buffer of its own; a
+    pointwise update of the same state is still written in place."""
     def run(device, update):
         state = torch.arange(64, dtype=torch.float64).reshape(1, 4, 4, 4).to(device)
         for _ in range(3):
@@ -241,8 +242,13 @@ def test_a_state_replaced_by_a_permutation_of_itself_is_not_overwritten_while_re
     shuffled = lambda t: torch.channel_shuffle(t, 2)  # noqa: E731
     before = _counters()
     torch.testing.assert_close(run(LAZY, shuffled), run(torch.device("cpu"), shuffled), rtol=0, atol=0)
+    assert_compiled(calls=3)
     after = _counters()
     assert after["outputs_in_place"] == before["outputs_in_place"]
+    # a state overwritten at other indices than it is read (x[1:] = x[:-1]): the same
+    shifted = lambda t: t.flatten().index_put((torch.arange(1, 64, device=t.device),), t.flatten()[:-1]).view(t.shape)  # noqa: E731,E501
+    torch.testing.assert_close(run(LAZY, shifted), run(torch.device("cpu"), shifted), rtol=0, atol=0)
+    assert _counters()["outputs_in_place"] == after["outputs_in_place"]
     scaled = lambda t: t * 0.5 + 1  # noqa: E731
     torch.testing.assert_close(run(LAZY, scaled), run(torch.device("cpu"), scaled), rtol=0, atol=0)
     assert _counters()["outputs_in_place"] > after["outputs_in_place"]

@@ -43,15 +43,20 @@ from torch.multiprocessing.reductions import StorageWeakRef
 MAX_DISTANCE = 32
 
 # Ops whose element i reads other elements of their input than i (views,
-# gathers, concatenations): Inductor inlines them into the kernel that
-# reads their result as index arithmetic. Where that kernel writes the
-# input's own buffer, it overwrites elements it has still to read (torch
-# 2.13's Inductor computes x.copy_(channel_shuffle(x)) in place, wrongly).
+# gathers, concatenations), or that write elements at other indices than
+# they read (scatters): Inductor inlines them into the kernel that reads
+# their result as index arithmetic, or scatters into the output buffer.
+# Where that buffer is the input's own, elements still to be read are
+# overwritten (torch 2.13's Inductor computes x.copy_(channel_shuffle(x))
+# in place, wrongly).
 _REMAPPING = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "expand", "slice", "select",
               "squeeze", "unsqueeze", "flip", "roll", "channel_shuffle", "pixel_shuffle", "pixel_unshuffle",
-              "as_strided", "diagonal", "index", "index_select", "gather", "take", "narrow", "unfold", "repeat",
-              "cat", "stack", "constant_pad_nd", "alias", "movedim", "split", "split_with_sizes", "unbind",
-              "chunk", "tril", "triu", "rot90", "_reshape_alias"}
+              "as_strided", "diagonal", "index", "index_select", "gather", "take", "take_along_dim", "embedding",
+              "narrow", "unfold", "repeat", "cat", "stack", "constant_pad_nd", "alias", "movedim", "split",
+              "split_with_sizes", "unbind", "chunk", "tril", "triu", "rot90", "_reshape_alias",
+              "index_put", "_unsafe_index_put", "scatter", "scatter_add", "scatter_reduce", "index_add",
+              "index_copy", "index_fill", "masked_scatter", "put", "slice_scatter", "select_scatter",
+              "diagonal_scatter", "as_strided_scatter"}
 
 
 # Element i from element i, though not tagged pointwise (a copy's, a cast's)
