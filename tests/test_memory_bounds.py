@@ -4,9 +4,6 @@ cached graphs and their bookkeeping) is the same at its 30th step as at
 its 10th. A cache without a bound, or a buffer kept per step, fails it.
 And lazy_mlir.memory's report accounts for the model's and optimizer's
 bytes."""
-import ctypes
-import gc
-
 import pytest
 import torch
 
@@ -14,24 +11,12 @@ import lazy_mlir
 from helpers import LAZY, SMALL_GPT, assert_compiled, gpt_batches, make_adamw, make_gpt
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
 def _heap_in_use() -> int:
-    """Bytes glibc's malloc has handed out and not had back (mmapped blocks too)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    gc.collect()
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
+    return lazy_mlir.memory.snapshot()["heap_in_use"]
 
 
 def test_the_heap_is_the_same_at_every_steady_step(lazy_level):
-    try:
-        _heap_in_use()
-    except (OSError, AttributeError):
+    if not _heap_in_use():
         pytest.skip("needs glibc's mallinfo2")
     model = make_gpt(SMALL_GPT).to(LAZY)
     opt = make_adamw(model)
