@@ -115,14 +115,17 @@ def _outputs(gm) -> list[fx.Node]:
 
 def _node_values(gm, inputs) -> dict:
     """Every node's eager value (copied when made: later in-place writes
-    into inputs do not change it)."""
+    into inputs do not change it; contiguous, as every lazy value is: a cut
+    value becomes an input of the smaller graph, and a transposed one would
+    make a mismatch of its own)."""
     values = {}
 
     class Recorder(fx.Interpreter):
         def run_node(self, node):
             result = super().run_node(node)
             values[node] = torch.utils._pytree.tree_map(
-                lambda t: t.clone() if isinstance(t, torch.Tensor) else t, result)
+                lambda t: t.clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t,
+                result)
             return result
 
     Recorder(gm).run(*_copies(inputs))

@@ -51,3 +51,24 @@ def test_the_fix_is_installed_while_inductor_needs_it():
     if installed:  # installed over Inductor's own method, which stays reachable
         from torch._inductor.codegen import cpp
         assert hasattr(cpp.CppTile2DKernel.store, "__wrapped__")
+
+
+def _weight_decay(mat1, mat2, weight):
+    """SGD's weight decay on a gradient fresh from its product, as a
+    captured backward hands it to the optimizer."""
+    return (torch.ops.aten.add.Tensor(torch.ops.aten.mm.default(mat1, mat2), weight, alpha=1e-3),)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_product_plus_a_scaled_tensor_keeps_the_scale(tmp_path, monkeypatch, dtype):
+    """Inductor's add+mm -> addmm fusion drops the add's alpha (0.25 off in
+    float64 here); inductor_fixes.rewrite spells the scale out."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    inputs = [torch.randn(10, 6, dtype=dtype), torch.randn(6, 16, dtype=dtype), torch.randn(10, 16, dtype=dtype)]
+    gm = make_fx(_weight_decay)(*inputs)
+    fake_mode, fakes = fake_inputs_of(inputs)
+    run, _, _ = inductor.compile_graph(gm, fakes, fake_mode, "scaled_addmm_test")
+    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(run(list(inputs))[0], _weight_decay(*inputs)[0], **tolerance)
+    assert inductor_fixes._addmm_pattern_drops_alpha() == (inductor_fixes.rewrite(make_fx(_weight_decay)(*inputs)) == 1)

@@ -68,6 +68,7 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
     from torch._inductor.codecache import PyCodeCache
 
     inductor_fixes.install()  # before any kernel is generated, cached graphs' included
+    inductor_fixes.rewrite(gm)  # around Inductor's defects in the graph (an add's alpha dropped)
     onednn_linear.register_with_inductor()
     loaded_before = set(PyCodeCache.modules)
     planned = collective_issue_order(gm.code)

@@ -15,11 +15,23 @@ source, so a torch that fixes it runs its own code).
   backward (``qkv[..., [-2], :]``'s gradient fed by a transposed value)
   trained with wrong gradients through it. The fix hands the parallel
   atomic path the index untransformed: it is transformed exactly once.
+- **A product plus a scaled tensor** (torch 2.13 at least; torch.compile
+  computes it wrongly too): Inductor's post-grad pattern that fuses
+  ``add(mm(a, b), c)`` into ``addmm(c, a, b)`` matches an ``add`` with an
+  ``alpha`` and drops it, so ``mm(a, b) + 0.001 * c`` becomes ``mm(a, b) +
+  c``. SGD's weight decay is that sum when a captured backward hands the
+  optimizer a weight gradient straight from its product (``grad.add(p,
+  alpha=weight_decay)``): a captured CNN trained with SGD and weight decay
+  was 0.25 off eager in one step. ``rewrite`` spells such an ``add`` as
+  ``add(x, mul(y, alpha))``, what Inductor's own lowering computes for it.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+
+import torch
+import torch.fx as fx
 
 
 @functools.cache
@@ -30,6 +42,44 @@ def install() -> list[str]:
         _fix_tile2d_atomic_add()
         installed.append("tile2d-atomic-add")
     return installed
+
+
+def rewrite(gm: fx.GraphModule) -> int:
+    """The graph rewrites this Inductor needs before it sees ``gm``; returns
+    how many nodes were rewritten."""
+    return _scale_added_products(gm) if _addmm_pattern_drops_alpha() else 0
+
+
+@functools.cache
+def _addmm_pattern_drops_alpha() -> bool:
+    """Whether Inductor's add+mm -> addmm pattern ignores the add's alpha."""
+    try:
+        from torch._inductor.fx_passes import post_grad
+        source = inspect.getsource(post_grad.addmm) + inspect.getsource(post_grad.is_valid_addmm_fusion)
+    except (AttributeError, ImportError, OSError, TypeError):  # another Inductor: nothing of ours applies
+        return False
+    return "aten.addmm(inp, mat1, mat2)" in source and "alpha" not in source
+
+
+def _scale_added_products(gm: fx.GraphModule) -> int:
+    """``add(x, y, alpha=a)`` as ``add(x, mul(y, a))`` where ``a`` is not 1."""
+    aten = torch.ops.aten
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.target is not aten.add.Tensor or node.kwargs.get("alpha", 1) == 1 or len(node.args) != 2:
+            continue
+        x, y = node.args
+        if not isinstance(y, fx.Node):
+            continue
+        with gm.graph.inserting_before(node):
+            scaled = gm.graph.call_function(aten.mul.Tensor, (y, node.kwargs["alpha"]))
+        if "val" in y.meta:
+            scaled.meta["val"] = y.meta["val"]  # its sizes and dtype
+        node.args, node.kwargs = (x, scaled), {}
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
 
 
 def _tile2d_atomic_add_offset_twice() -> bool:
