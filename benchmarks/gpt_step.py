@@ -6,9 +6,11 @@ torch.compile(optimizer.step) in the default mode, in mode="max-autotune-no-cuda
 (``compile_model_opt_max_autotune``) and, when the backing device is CUDA, in
 mode="reduce-overhead" (CUDA graphs, ``compile_model_opt_reduce_overhead``; asked
 for elsewhere it is FAILED), the stock torch._lazy TorchScript backend, and
-lazy_mlir O0/O1/O2, O1 without Config.fuse_optimizer (AdamW traced op by op instead of as one
-node), and O1 with the model captured (lazy_mlir.capture: forward and backward recorded once,
-replayed as one IR node each). Eager and torch.compile run on the device that backs lazy_mlir's (harness.backing_device()). Prints a table and writes JSON:
+lazy_mlir O0/O1/O2 (the plain loop: the model captured by itself, Config.capture "auto"), O1
+traced op by op (``lazy_mlir_O1_op_by_op``, Config.capture "off"), O1 without
+Config.fuse_optimizer (AdamW traced op by op instead of as one node), and O1 with
+lazy_mlir.capture(model) called (forward and backward recorded once, replayed as one IR
+node each: what the plain loop does by itself, so the two should be level). Eager and torch.compile run on the device that backs lazy_mlir's (harness.backing_device()). Prints a table and writes JSON:
 median ms/step after warm-up, ratios to eager, to the default-mode torch.compile
 rows and to the fastest torch.compile row that did not fail ("/best c.", named
 under the table), peak RSS, compile seconds (warm-up time above the median), graph executions
@@ -53,15 +55,20 @@ from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, b
 MODEL_OPT_ROWS = in_modes("compile_model_opt")
 # by default (--only not given) those the backing device runs (harness.runnable)
 VARIANTS = ["eager", "compile_model", *MODEL_OPT_ROWS, "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
-            "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs", "lazy_mlir_O2"]
+            "lazy_mlir_O1_op_by_op", "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture",
+            "lazy_mlir_O1_capture_no_cuda_graphs", "lazy_mlir_O2"]
 # lazy_mlir rows: level and init() options
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
                   # AdamW traced op by op (Config.fuse_optimizer, on by default, off)
                   "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False}),
+                  # every call traced op by op (Config.capture "off"; lazy_mlir_O1 captures the model by itself)
+                  "lazy_mlir_O1_op_by_op": ("O1", {"capture": "off"}),
                   "lazy_mlir_O1_capture": ("O1", {}),
                   # on a GPU: the groups' code called kernel by kernel (Config.cuda_graphs off)
                   "lazy_mlir_O1_capture_no_cuda_graphs": ("O1", {"cuda_graphs": False})}
-CAPTURED_ROWS = {"lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs"}  # the model under lazy_mlir.capture
+CAPTURE_CALLED_ROWS = {"lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs"}  # lazy_mlir.capture(model)
+# rows whose model must replay every step: those, and the plain loop's automatic capture
+CAPTURED_ROWS = {"lazy_mlir_O1", *CAPTURE_CALLED_ROWS}
 
 
 # --shape: GPT-mini (lazy_mlir.models' defaults), or GPT-2 small's layers
@@ -89,7 +96,7 @@ def _step_fn(variant: str, init_options: dict, split: StepSplit | None, shape: s
         lazy_mlir.init(level, **{**init_options, **options})
     device = torch.device("lazy" if lazy else backing_device())
     model = make_gpt(cfg).to(device)
-    if variant in CAPTURED_ROWS:
+    if variant in CAPTURE_CALLED_ROWS:
         lazy_mlir.capture(model)
     opt = make_adamw(model)
     compile_ = compile_fn(variant, device.type) if variant in COMPILE_ROWS else None  # in the row's mode

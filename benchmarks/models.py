@@ -65,7 +65,10 @@ MODELS = ["gpt2", "bert", "llama", "t5", "vit", "resnet", "mobilenet"]
 # the loss function (and so the model) and optimizer.step under torch.compile, in each mode (harness.COMPILE_MODES)
 LOSS_OPT_ROWS = in_modes("compile_loss_opt")
 # by default (--only not given) those the backing device runs (harness.runnable)
-VARIANTS = ["eager", *COMPILE_ROWS, *LOSS_OPT_ROWS, "lazy_mlir_O1", "lazy_mlir_O1_capture", "lazy_mlir_O1_capture_loss"]
+# lazy_mlir_O1: the plain loop (the model captured automatically); _op_by_op: Config.capture "off";
+# _capture: lazy_mlir.capture(model) called; _capture_loss: the loss function captured with the model
+VARIANTS = ["eager", *COMPILE_ROWS, *LOSS_OPT_ROWS, "lazy_mlir_O1", "lazy_mlir_O1_op_by_op", "lazy_mlir_O1_capture",
+            "lazy_mlir_O1_capture_loss"]
 OPT_COMPILED = (*in_modes("compile_model_opt"), *LOSS_OPT_ROWS)
 W = max(map(len, VARIANTS)) + 2  # the variant column
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -85,7 +88,7 @@ def _make_step(name: str, variant: str, size: str, dropout: float | None = None,
     if lazy:
         import torch._lazy
         import lazy_mlir
-        lazy_mlir.init(_level(variant))
+        lazy_mlir.init(_level(variant), capture="off" if variant.endswith("_op_by_op") else "auto")
     device = torch.device("lazy" if lazy else backing_device())
     v, spec = zoo.base_variant(name, size=size), zoo.SPECS[name]
     if dropout is not None:

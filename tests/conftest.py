@@ -55,6 +55,9 @@ _MARKED = {
     # compiled in this process with the Python wrapper, group runs called
     # from Python: the in-process pipeline such a test instruments
     "python_wrapper": {**_IN_STEP, "LAZY_MLIR_CPP_WRAPPER": "0"},
+    # every module call traced op by op (Config.capture "off"): a test of a
+    # mechanism of the per-op trace that automatic capture would bypass
+    "op_by_op": {"LAZY_MLIR_CAPTURE": "off"},
 }
 
 

@@ -139,13 +139,16 @@ def test_a_replay_that_draws_otherwise_or_a_state_of_another_step_raises(lazy_le
 def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level, captured):
     import zoo
 
+    lazy_mlir.init("O1", capture="auto" if captured else "off")
     variant = zoo.base_variant("gpt2", dropout=0.1)
     runs = {}
     for device in (CPU, LAZY):
         model = zoo.make_model(variant)
         model.activation_checkpointing_enable()
         if captured and device == LAZY:
-            lazy_mlir.capture(model)  # recorded with its recompute (AOTAutograd), replayed
+            # its backward recomputes the blocks' dropouts: a replay would draw
+            # other masks, so capture refuses it, and it is traced op by op
+            lazy_mlir.capture(model)
         model = model.to(device).train()
         opt = zoo.SPECS["gpt2"].optimizer(model)
         torch.manual_seed(1234)
@@ -166,7 +169,7 @@ def test_hf_gradient_checkpointing_trains_as_eager_in_one_graph(lazy_level, capt
     s = metrics.snapshot()
     assert_compiled(s)
     assert s["graph_executions"] == 2, metrics.report()
-    assert s["captured_calls"] == (2 if captured else 0), metrics.report()
+    assert s["captured_calls"] == 0 and s["capture_refused"] == (2 if captured else 0), metrics.report()
 
 
 def test_torch_lazy_is_the_devices_module(lazy_level):

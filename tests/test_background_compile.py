@@ -40,6 +40,7 @@ def gated(lazy_level, monkeypatch):
     lazy_mlir.wait_for_compiles()
 
 
+@pytest.mark.op_by_op("the per-op trace's sizes: automatic capture records the first size apart")
 def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     gate, calls = gated
     switch_interval = sys.getswitchinterval()

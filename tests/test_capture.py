@@ -3,9 +3,11 @@ replayed as one IR node each (region_node.h). Every run equals eager; the
 steps really replayed (metrics), traced far fewer IR nodes than op by op,
 and ran generated code; keys that change record again; a forward that
 cannot be recorded runs op by op with a warning."""
+import contextlib
 import os
 import random
 import sys
+import warnings
 
 import pytest
 import torch
@@ -20,6 +22,30 @@ from helpers import (LAZY, assert_compiled, assert_same_training, image_batches,
 
 CPU = torch.device("cpu")
 FP64 = dict(rtol=1e-12, atol=1e-12)
+
+
+# How a test's model is trained: under lazy_mlir.capture, or as the user
+# wrote it (the plain loop), where Config.capture "auto" captures it at its
+# first training call.
+HOW = ["captured", "plain loop"]
+
+
+def as_trained(model: nn.Module, how: str) -> nn.Module:
+    return lazy_mlir.capture(model) if how == "captured" else model
+
+
+@contextlib.contextmanager
+def refusal_told(how: str, match: str):
+    """A refusal warns where the user asked for capture; automatic capture
+    only counts it (in metrics), as the op-by-op trace is what they wrote."""
+    if how == "captured":
+        with pytest.warns(UserWarning, match=match):
+            yield
+        return
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield
+    assert not [w for w in seen if "lazy_mlir.capture" in str(w.message)], [str(w.message) for w in seen]
 
 
 def captured(make_model, dtype=torch.float64):
@@ -47,7 +73,9 @@ def test_mlp_replays_one_node_per_graph_and_matches_eager(lazy_level):
     batches = fp64(mlp_batches(4))
     eager = train(captured(make_mlp), sgd, batches, CPU)
     assert metrics.snapshot()["capture_records"] == 0  # CPU calls run the original forward
+    lazy_mlir.init("O1", capture="off")
     op_by_op = nodes_per_step(lambda: make_mlp().double(), sgd, batches)
+    lazy_mlir.init("O1")
     metrics.reset()
     replayed = nodes_per_step(captured(make_mlp), sgd, batches)
     s = metrics.snapshot()
@@ -662,7 +690,8 @@ class CountsCalls(nn.Module):
         return F.cross_entropy(self.fc2(h), y)
 
 
-def test_a_forward_that_changes_an_attribute_runs_op_by_op(lazy_level):
+@pytest.mark.parametrize("how", HOW)
+def test_a_forward_that_changes_an_attribute_runs_op_by_op(lazy_level, how):
     """A replay would take the branch of the record at every step, and the
     record ran the forward twice (AOTAutograd traces it twice): the counter
     is put back, the module refused with a warning naming the attribute, and
@@ -673,13 +702,13 @@ def test_a_forward_that_changes_an_attribute_runs_op_by_op(lazy_level):
     def make(device):
         def build():
             torch.manual_seed(0)
-            models[device] = lazy_mlir.capture(CountsCalls().double())
+            models[device] = as_trained(CountsCalls().double(), how)
             return models[device]
         return build
 
     eager = train(make("cpu"), sgd, batches, CPU)
-    with pytest.warns(UserWarning, match=r"CountsCalls.forward runs op by op from now on \(it changes Python state "
-                                         r"that a replay would not: CountsCalls.calls attribute changed\)"):
+    with refusal_told(how, r"CountsCalls.forward runs op by op from now on \(it changes Python state "
+                           r"that a replay would not: CountsCalls.calls attribute changed\)"):
         lazy = train(make("lazy"), sgd, batches, LAZY)
     assert_same_training(eager, lazy, **FP64)
     assert models["lazy"].calls == models["cpu"].calls == 6
@@ -706,7 +735,8 @@ class LayerDrop(nn.Module):
         return F.cross_entropy(self.head(h), y)
 
 
-def test_a_forward_that_draws_from_pythons_random_runs_op_by_op(lazy_level):
+@pytest.mark.parametrize("how", HOW)
+def test_a_forward_that_draws_from_pythons_random_runs_op_by_op(lazy_level, how):
     """A replay would keep the layers of the record's draws at every step:
     the module is refused with a warning naming the draw's line, Python's
     random is put back as before the record, and the steps draw what eager
@@ -716,13 +746,13 @@ def test_a_forward_that_draws_from_pythons_random_runs_op_by_op(lazy_level):
     def make():
         torch.manual_seed(0)
         random.seed(3)
-        return lazy_mlir.capture(LayerDrop().double())
+        return as_trained(LayerDrop().double(), how)
 
     eager = train(make, sgd, batches, CPU)
     eager_random = random.getstate()
     line = LayerDrop.forward.__code__.co_firstlineno + 3
-    with pytest.warns(UserWarning, match=rf"LayerDrop.forward runs op by op from now on \(.*Python's random was "
-                                         rf"drawn from at .*test_capture.py:{line}\)"):
+    with refusal_told(how, rf"LayerDrop.forward runs op by op from now on \(.*Python's random was "
+                           rf"drawn from at .*test_capture.py:{line}\)"):
         lazy = train(make, sgd, batches, LAZY)
     assert random.getstate() == eager_random
     assert_same_training(eager, lazy, **FP64)
@@ -744,7 +774,8 @@ class GlobalFlag(nn.Module):
         return F.cross_entropy(self.fc2(h), y)
 
 
-def test_a_global_the_forward_reads_is_in_the_key(lazy_level):
+@pytest.mark.parametrize("how", HOW)
+def test_a_global_the_forward_reads_is_in_the_key(lazy_level, how):
     """A module-level flag the forward reads, flipped mid-training, records
     again; flipped back, the first record replays."""
     global GELU
@@ -752,7 +783,7 @@ def test_a_global_the_forward_reads_is_in_the_key(lazy_level):
 
     def make():
         torch.manual_seed(0)
-        return lazy_mlir.capture(GlobalFlag().double())
+        return as_trained(GlobalFlag().double(), how)
 
     def flip(step):
         global GELU
@@ -786,7 +817,8 @@ class WritesAGlobal(nn.Module):
         return F.cross_entropy(self.fc2(h if STEPS % 3 else -h), y)
 
 
-def test_a_forward_that_writes_a_global_runs_op_by_op(lazy_level):
+@pytest.mark.parametrize("how", HOW)
+def test_a_forward_that_writes_a_global_runs_op_by_op(lazy_level, how):
     """The global is put back, the module refused with a warning naming the
     global and the line that writes it; each step writes it once, as eagerly."""
     global STEPS
@@ -794,15 +826,15 @@ def test_a_forward_that_writes_a_global_runs_op_by_op(lazy_level):
 
     def make():
         torch.manual_seed(0)
-        return lazy_mlir.capture(WritesAGlobal().double())
+        return as_trained(WritesAGlobal().double(), how)
 
     STEPS = 0
     eager = train(make, sgd, batches, CPU)
     assert STEPS == 6
     STEPS = 0
     line = WritesAGlobal.forward.__code__.co_firstlineno + 2
-    with pytest.warns(UserWarning, match=rf"WritesAGlobal.forward runs op by op .*global STEPS was written at "
-                                         rf".*test_capture.py:{line}"):
+    with refusal_told(how, rf"WritesAGlobal.forward runs op by op .*global STEPS was written at "
+                           rf".*test_capture.py:{line}"):
         lazy = train(make, sgd, batches, LAZY)
     assert STEPS == 6
     assert_same_training(eager, lazy, **FP64)
@@ -828,7 +860,8 @@ class AttributeFlag(nn.Module):
         return F.cross_entropy(self.fc2(self.act(self.fc1(x))), y)
 
 
-def test_a_module_attribute_set_between_steps_is_in_the_key(lazy_level):
+@pytest.mark.parametrize("how", HOW)
+def test_a_module_attribute_set_between_steps_is_in_the_key(lazy_level, how):
     """A submodule's attribute the training loop sets between steps records
     again; set back, the first record replays."""
     batches = fp64(mlp_batches(6))
@@ -836,7 +869,7 @@ def test_a_module_attribute_set_between_steps_is_in_the_key(lazy_level):
 
     def make():
         torch.manual_seed(0)
-        models.append(lazy_mlir.capture(AttributeFlag().double()))
+        models.append(as_trained(AttributeFlag().double(), how))
         return models[-1]
 
     def switch(step):
@@ -849,3 +882,82 @@ def test_a_module_attribute_set_between_steps_is_in_the_key(lazy_level):
     assert_same_training(eager, lazy, **FP64)
     s = metrics.snapshot()
     assert s["capture_records"] == 2 and s["captured_calls"] == 6 and s["capture_refused"] == 0, metrics.report()
+
+
+class Settings:
+    """A model's settings object (as Hugging Face's config), shared by its modules."""
+
+    def __init__(self):
+        self.activation = "gelu"
+        self.scale = 1.0
+
+
+class SettingsFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = Settings()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        h = self.fc1(x) * self.config.scale
+        h = F.gelu(h) if self.config.activation == "gelu" else torch.tanh(h)
+        return F.cross_entropy(self.fc2(h), y)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_settings_objects_field_set_between_steps_is_in_the_key(lazy_level, how):
+    """The plain fields of an object a module holds (its config) are in the
+    key as the module's own attributes are: edited mid-training (a new
+    activation, then a new scale), the forward records again."""
+    batches = fp64(mlp_batches(6))
+    models = []
+
+    def make():
+        torch.manual_seed(0)
+        models.append(as_trained(SettingsFlag().double(), how))
+        return models[-1]
+
+    def edit(step):
+        if step == 1:
+            models[-1].config.activation = "tanh"
+        if step == 3:
+            models[-1].config.scale = 0.5
+
+    eager = train(make, sgd, batches, CPU, after_step=edit)
+    lazy = train(make, sgd, batches, LAZY, after_step=edit)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == 3 and s["captured_calls"] == 6 and s["capture_refused"] == 0, metrics.report()
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_copied_or_saved_model_is_captured_anew(lazy_level, how, tmp_path):
+    """``copy.deepcopy(model)`` (an EMA model) after a step, and the model
+    saved whole (``torch.save``, moved to the CPU) and loaded: each records
+    its own forward at its first lazy call (records hold the original's
+    tensors), and both train as the original."""
+    import copy
+
+    batches = fp64(mlp_batches(2))
+    torch.manual_seed(0)
+    model = as_trained(make_mlp().double(), how).to(LAZY)
+    opt = sgd(model)
+    x, y = batches[0]
+    model(x.to(LAZY), y.to(LAZY)).backward()
+    opt.step()
+    opt.zero_grad()
+    torch._lazy.mark_step()
+    twin = copy.deepcopy(model)
+    torch.save(copy.deepcopy(model).to(CPU), tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False).to(LAZY)
+    metrics.reset()
+    losses = []
+    for m in (model, twin, loaded):
+        loss = m(batches[1][0].to(LAZY), batches[1][1].to(LAZY))
+        loss.backward()
+        torch._lazy.mark_step()
+        losses.append(loss.item())
+    assert losses[0] == losses[1] == losses[2]
+    s = metrics.snapshot()
+    # the copy and the loaded model record at their first call (loaded: Config.capture)
+    assert s["captured_calls"] == 3 and s["capture_records"] == 2, metrics.report()

@@ -147,7 +147,7 @@ def test_a_dropout_in_the_glue_does_not_cut_the_step(captured):
     product, only the mask draw is there, and the step (forward, backward,
     update) is one group of generated code with eager's masks. The same
     for a captured model (its region records the dropout's sizes)."""
-    lazy_mlir.init("O1")
+    lazy_mlir.init("O1", capture="auto" if captured else "off")
 
     def train(device):
         torch.manual_seed(2)

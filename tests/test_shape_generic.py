@@ -19,7 +19,8 @@ from helpers import LAZY, assert_compiled, assert_same_training, train, train_to
 
 # each new size's code is checked in the step that brings it (the background
 # route, where the step runs TorchScript meanwhile, is test_background_compile's)
-pytestmark = pytest.mark.compiles_in_step("new sizes compile in their step")
+pytestmark = [pytest.mark.compiles_in_step("new sizes compile in their step"),
+              pytest.mark.op_by_op("the per-op trace's sizes: automatic capture records the first size apart")]
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 

@@ -57,6 +57,7 @@ def test_an_item_mid_step_keeps_eagers_draws(lazy_level, captured):
     gradients at mark_step. The read syncs every live tensor first
     (value_reads.h), so the step keeps eager's draws: the value read and
     the gradients equal eager's, in two graphs, without a warning."""
+    lazy_mlir.init("O1", capture="auto" if captured else "off")
     read = lambda loss: loss.item()  # noqa: E731
     eager_value, eager_grads = _dropout_step(torch.device("cpu"), read)
     with warnings.catch_warnings():

@@ -17,6 +17,7 @@
 #include "ltc_fixes/parameter_binding.h"
 #include "core/python_hooks.h"
 #include "ltc_fixes/source_locations.h"
+#include "nodes/region_node.h"
 #include "ltc_fixes/value_reads.h"
 
 namespace lazy_mlir {
@@ -178,7 +179,14 @@ std::unique_ptr<torch::lazy::LoweringContext> LazyMlirBackend::CreateLoweringCon
       torch::jit::Value* value = ts_context->GetOutputOp(torch::lazy::Output(node, i));
       outputs.add(value, node, static_cast<uint32_t>(position), static_cast<uint32_t>(i));
       torch::jit::Node* lowered = value->node();
-      if (frame && lowered->hasAttribute(source)) lowered->s_(source, where);
+      // a region's ops name their own lines (RegionNode::Lower), else the region's
+      const auto* region_node = dynamic_cast<const RegionNode*>(node);
+      const std::string* op_where = region_node ? &region_node->outputSource(i) : nullptr;
+      if (op_where && !op_where->empty()) {
+        lowered->s_(source, *op_where);
+      } else if (frame && lowered->hasAttribute(source)) {
+        lowered->s_(source, where);
+      }
       if (region >= 0 && lowered->kind() != torch::jit::prim::Param) lowered->i_(layer_region, region);
       if (i == 0) tagDropout(*node, lowered, ts_->EagerFallbackDeviceType());
       // (some nodes, ZeRO's collectives among them, carry no shapes)

@@ -29,6 +29,10 @@ RegionNode::RegionNode(std::shared_ptr<const Region> region, torch::lazy::OpList
 
 torch::lazy::TSOpVector RegionNode::Lower(std::shared_ptr<torch::jit::GraphFunction> function,
                                           torch::lazy::TSLoweringContext* loctx) const {
+  // Each op names its own source line where the record kept one, as the
+  // per-op trace does (LazyMlirBackend::CreateLoweringContext names the
+  // region's outputs: outputSource).
+  static const auto source = c10::Symbol::attr("source");
   std::vector<torch::jit::Value*> values;
   values.reserve(region_->num_inputs);
   for (size_t i = 0; i < region_->num_inputs; ++i) values.push_back(loctx->GetOutputOp(operand(i)));
@@ -37,6 +41,9 @@ torch::lazy::TSOpVector RegionNode::Lower(std::shared_ptr<torch::jit::GraphFunct
                                     [&](size_t index) { return values.at(index); });
     TORCH_CHECK(outputs.size() == op.num_outputs, "lazy_mlir: region ", region_->name, ": ",
                 op.op.toQualString(), " lowered to ", outputs.size(), " values, recorded ", op.num_outputs);
+    if (!op.source.empty()) {
+      for (auto* output : outputs) output->node()->s_(source, op.source);
+    }
     if (op.shape) tagDropout(outputs.at(0)->node(), *op.shape, torch::lazy::getBackend()->EagerFallbackDeviceType());
     values.insert(values.end(), outputs.begin(), outputs.end());
   }
@@ -44,6 +51,8 @@ torch::lazy::TSOpVector RegionNode::Lower(std::shared_ptr<torch::jit::GraphFunct
   for (size_t index : region_->outputs) results.push_back(values.at(index));
   return results;
 }
+
+const std::string& RegionNode::outputSource(size_t index) const { return region_->output_sources.at(index); }
 
 std::string RegionNode::ToString() const {
   std::ostringstream ss;
@@ -63,6 +72,7 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
   region->num_inputs = num_inputs;
   torch::lazy::hash_t hash = torch::lazy::Hash(static_cast<uint64_t>(num_inputs));
   size_t num_values = num_inputs;
+  std::vector<std::string> value_sources(num_inputs);  // of each value: its op's source line
   auto checkedIndex = [&](pybind11::handle index) {
     size_t i = index.cast<size_t>();
     TORCH_CHECK(i < num_values, "lazy_mlir: region ", name, " reads value ", i, " before it is defined");
@@ -87,6 +97,7 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
       op.shape = torch::lazy::Shape(dtype, sizes);
       hash = torch::lazy::HashCombine(hash, op.shape->hash(/*bakeInSizes=*/true));
     }
+    if (entry.size() > 6 && !entry[6].is_none()) op.source = entry[6].cast<std::string>();  // not in the hash
     for (size_t i = 0; i < args.size(); ++i) {
       const auto& formal = schema.arguments()[i];
       auto arg = args[i].cast<pybind11::tuple>();
@@ -115,11 +126,13 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
       op.arguments.push_back(std::move(a));
     }
     num_values += op.num_outputs;
+    value_sources.resize(num_values, op.source);
     region->ops.push_back(std::move(op));
   }
   for (size_t index : outputs) {
     TORCH_CHECK(index < num_values, "lazy_mlir: region ", name, " returns undefined value ", index);
     hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(static_cast<uint64_t>(index)));
+    region->output_sources.push_back(value_sources.at(index));
   }
   region->outputs = outputs;
   TORCH_CHECK(outputs.size() == output_shapes.size(), "lazy_mlir: region ", name, ": ", outputs.size(),

@@ -27,6 +27,7 @@ struct RegionOp {
   std::vector<int64_t> list_sizes;  // as for BuiltinOpNode
   size_t num_outputs = 0;
   std::optional<torch::lazy::Shape> shape;  // its first output's, where the lowering needs it (native_dropout)
+  std::string source;  // "file function line" of the user's line that traced it; empty: the region's own
 };
 
 struct Region {
@@ -35,6 +36,7 @@ struct Region {
   std::vector<RegionOp> ops;
   std::vector<size_t> outputs;  // value indices
   std::vector<torch::lazy::Shape> output_shapes;
+  std::vector<std::string> output_sources;  // of each output: its op's source (empty: none recorded)
   torch::lazy::hash_t hash;  // ops, constants and wiring
 };
 
@@ -46,6 +48,10 @@ class RegionNode : public torch::lazy::TsNode {
                                 torch::lazy::TSLoweringContext* loctx) const override;
 
   std::string ToString() const override;
+
+  // The source line of the op that computes output `index` ("file function
+  // line"), or empty where the record kept none (a backward's ops).
+  const std::string& outputSource(size_t index) const;
 
   // Whether one of its ops draws random numbers (draw_order.h's kinds).
   bool drawsRandom() const;

@@ -69,6 +69,12 @@ class Config:
     # do what lazy_mlir.prepare() does, so the first step traces (and
     # compiles) the steady-state graph (see steady_state). LAZY_MLIR_AUTO_PREPARE=0 turns it off.
     auto_prepare: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_AUTO_PREPARE", True))
+    # "auto": the first module a training step calls with trainable lazy
+    # parameters (the model) is captured as lazy_mlir.capture(model) does, its
+    # forward and backward recorded once and replayed, where capture's guards
+    # allow (a refusal, and why, is in lazy_mlir.metrics); "off": every call
+    # traced op by op unless the user captures. LAZY_MLIR_CAPTURE=off turns it off.
+    capture: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_CAPTURE") or "auto")
     # Buffer donation: parameters, gradients and optimizer state that a step
     # overwrites are written by the generated code into their own storage
     # when nothing else can read the old value (see lazy_mlir.codegen.donation and
@@ -140,7 +146,7 @@ class Config:
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
-                   "compile_workers", "isolated_compile", "auto_prepare", "fuse_optimizer", "native_calls", "cuda_graphs",
+                   "compile_workers", "isolated_compile", "auto_prepare", "capture", "fuse_optimizer", "native_calls", "cuda_graphs",
                    "step_memory", "layer_groups", "moe_eager_grads", "check")
 
     def key(self) -> str:
@@ -173,6 +179,8 @@ class Config:
             raise ValueError(f"lazy_mlir: onednn_linear must be one of {ONEDNN_CHOICES}, got {self.onednn_linear!r}")
         if self.layer_groups not in LAYER_GROUP_CHOICES:
             raise ValueError(f"lazy_mlir: layer_groups must be one of {LAYER_GROUP_CHOICES}, got {self.layer_groups!r}")
+        if self.capture not in ("auto", "off"):
+            raise ValueError(f"lazy_mlir: capture must be 'auto' or 'off', got {self.capture!r}")
         if self.dynamic not in ("auto", "static"):
             raise ValueError(f"lazy_mlir: dynamic must be 'auto' or 'static', got {self.dynamic!r}")
         if self.codegen not in CODEGENS:

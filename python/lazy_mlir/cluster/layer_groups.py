@@ -173,3 +173,8 @@ def _layer_starts(module: torch.nn.Module, args, kwargs) -> None:
 
 def _layer_ends(module: torch.nn.Module, args, kwargs, output) -> None:
     _mark(_first_tensor(output))
+
+
+# Marks for the per-op trace only: a captured replay, which runs no layer's
+# call, needs none (trace.python_state does not count them as user hooks).
+_layer_starts._lazy_mlir_internal = _layer_ends._lazy_mlir_internal = True

@@ -24,7 +24,9 @@ warning naming the part of the key that changed):
   shapes and requires_grad; a replaced submodule);
 - the plain attributes of every module in the tree (``m.__dict__`` values
   that are bool, int, float, str, None, a torch dtype or device, or tuples
-  of those): ``model.use_cache = False`` between steps records again;
+  of those): ``model.use_cache = False`` between steps records again; and
+  the plain fields of the objects those modules hold (a model's config:
+  ``model.config.output_hidden_states = True`` records again);
 - the plain globals that user code read while recording (LOAD_GLOBAL names
   of the code objects that ran, outside torch, lazy_mlir and the standard
   library, and ``config.FLAG`` of a user's module ``config``): flipping a
@@ -51,14 +53,12 @@ A forward that cannot be recorded (Python that reads tensor values, an op
 without an aten schema) runs op by op, with a warning that names the
 error, and is not tried again for that key.
 
-What capture cannot see (like ``torch.compile(model)`` without its
-guards, capturing is the user's statement that these do not change what
-the forward computes): attributes of objects that are not modules (a
-config object edited mid-training: ``model.config.dropout = 0``), values
-inside containers, closures' cells and default arguments, globals read by
-torch or library code outside the user's, module attributes read through
-more than one dot, non-plain values (an enum, an object) whose state
-changes, the time, the environment, files, and mutations the forward makes
+What capture cannot see (capture, on by default, assumes these do not
+change what the forward computes): fields of objects held more than one
+level below a module (``self.config.sub.flag``), values inside containers,
+closures' cells and default arguments, globals read by torch or library
+code outside the user's, module attributes read through more than one dot,
+non-plain values (an enum, an object) whose state changes, the time, the environment, files, and mutations the forward makes
 to objects other than modules, globals and Python's random generators
 (appending to a global list, editing a config object, drawing from a NumPy
 ``Generator`` of its own).
@@ -81,13 +81,20 @@ depend on and may not do is ``python_state``.
 """
 from __future__ import annotations
 
+import functools
 import operator
+import re
+import sys
 import threading
+import unittest.mock
 import warnings
 
 import torch
+import torch.utils.checkpoint
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .. import config
+from ..cluster import compilable
 from ..compile import background
 from ..native import _C
 from ..observe import metrics, syncs
@@ -166,6 +173,20 @@ def _decomposed(node: torch.fx.Node, kernel, tensors: list[torch.fx.Node]) -> to
     return make_fx(run)(*(a.meta["val"] for a in tensors))
 
 
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)', re.MULTILINE)
+
+
+def _source_of(node: torch.fx.Node) -> str | None:
+    """"file function line" of the innermost user frame that traced ``node``
+    (the record keeps stack traces: see _record), as the per-op trace names
+    an op's line; None for ops no user line made (a backward's)."""
+    where = None
+    for frame in _FRAME.finditer(node.meta.get("stack_trace") or ""):
+        if not frame["file"].startswith(syncs.INTERNAL_DIRS) and not frame["file"].startswith("<"):
+            where = f"{frame['file']} {frame['function']} {frame['line']}"
+    return where
+
+
 def build_region(gm: torch.fx.GraphModule, name: str):
     """Converts an FX graph of aten ops into a region. Returns (region, the
     graph's tensor constants: the region's inputs after the placeholders,
@@ -182,8 +203,9 @@ def build_region(gm: torch.fx.GraphModule, name: str):
             raise CaptureError(f"{op}: argument {arg!r} is not a tensor of the graph")
         return values[arg]
 
-    def add(node):
+    def add(node, source=None):
         nonlocal count
+        source = source or _source_of(node)
         if node.target is operator.getitem:
             values[node] = values[node.args[0]][node.args[1]]
             return
@@ -213,7 +235,7 @@ def build_region(gm: torch.fx.GraphModule, name: str):
                 values[placeholder] = values[arg]
             for n in sub.graph.nodes:
                 if n.op == "call_function":
-                    add(n)
+                    add(n, source)
                 elif n.op == "output":
                     result = n.args[0]
                     values[node] = ([values[r] for r in result] if isinstance(result, (list, tuple))
@@ -246,7 +268,8 @@ def build_region(gm: torch.fx.GraphModule, name: str):
         # native_dropout's lowering needs its sizes (lazy_backend/ltc_fixes/dropout_masks.h)
         val = node.meta["val"][0] if op is torch.ops.aten.native_dropout.default else None
         ops.append((op._schema.name, op._overloadname, arguments, sizes if any(n >= 0 for n in sizes) else [],
-                    sum(1 if n < 0 else n for n in sizes), None if val is None else (val.dtype, list(val.shape))))
+                    sum(1 if n < 0 else n for n in sizes), None if val is None else (val.dtype, list(val.shape)),
+                    source))
 
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
@@ -419,8 +442,33 @@ def _record_backward(outputs) -> None:
         return
     try:
         torch.autograd.backward(grads, [torch.ones_like(o) for o in grads])
+    except CaptureError:
+        raise
     except Exception:  # noqa: BLE001 - not needed to replay; AOTAutograd records it later
         pass
+
+
+def _check_backward_draws_nothing(backward: torch.fx.GraphModule) -> None:
+    """A backward draws random numbers only where it recomputes a forward
+    (checkpointing): eagerly the recompute sets the generator back to draw
+    the forward's numbers again and then restores it, so it consumes none.
+    A replay's backward would draw anew: unused draws (AOTAutograd's
+    partitioner leaves recomputes whose values the forward saved) are
+    removed, a used one refuses the record (other masks than the forward's)."""
+    def random(node):
+        return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.name in compilable.RANDOM_OPS
+
+    removed = False
+    for node in reversed(list(backward.graph.nodes)):
+        unused_piece = node.target is operator.getitem and random(node.args[0]) and not node.users
+        if (random(node) or unused_piece) and not node.users:
+            backward.graph.erase_node(node)
+            removed = True
+        elif random(node):
+            raise CaptureError(f"its backward draws random numbers ({node.target}: a recompute, as activation "
+                               "checkpointing's), which a replay would draw anew")
+    if removed:
+        backward.recompile()
 
 
 class _Record:
@@ -464,6 +512,12 @@ def recording() -> bool:
 # (a sequence length that changes every step) runs op by op, where the
 # shape-generic compile path still covers it, instead of recording anew.
 RECORD_LIMIT = 8
+# Argument signatures (sizes) an automatic capture records per module: a
+# loop's usual batch. Another size (a smaller last batch, padding to each
+# batch's longest sequence) runs op by op, where a group seen at a second
+# size compiles shape-generic code once that serves every later size
+# (compile.shape_generic), instead of a record and a compile per size.
+AUTOMATIC_SIZE_LIMIT = 1
 _KEY_PARTS = ("argument structure", "argument dtypes/shapes/values", "parameters and buffers",
               "their dtypes/shapes/requires_grad", "train/eval", "grad mode", "autocast",
               "module attributes", "globals read")
@@ -484,17 +538,26 @@ def _signature(leaf):
     return type(leaf), leaf
 
 
-class CapturedForward:
-    """Installed as ``module.forward`` by :func:`capture`: replays the
-    record of the call's key, recording it first if there is none."""
+def _class_forward(module: torch.nn.Module):
+    """``module``'s forward as its class defines it, bound."""
+    return type(module).forward.__get__(module)
 
-    def __init__(self, module: torch.nn.Module):
+
+class CapturedForward:
+    """Installed as ``module.forward`` by :func:`capture` (or, ``automatic``,
+    by ``Config.capture`` "auto": see steady_state): replays the record of
+    the call's key, recording it first if there is none."""
+
+    def __init__(self, module: torch.nn.Module, automatic: bool = False):
         self.module = module
+        self.automatic = automatic
         self.original = module.forward
         self.state = NamedState(module)
         self.records: dict = {}
         self.refused: set = set()
-        self.mutates: str | None = None  # what the forward wrote while recorded: then every call runs it
+        # why every call runs the forward op by op: what it wrote while recorded
+        # (or, automatic, why it could not be recorded)
+        self.mutates: str | None = None
         self.specs: dict = {}  # (number of arguments, keyword names) -> the spec of tensor-only calls
 
     def __call__(self, *args, **kwargs):
@@ -511,15 +574,25 @@ class CapturedForward:
         if self.mutates is not None:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)
+        if self.state.hooks:
+            why = f"hooks on its submodules that a replay would not call ({', '.join(self.state.hooks[:3])})"
+            metrics.count_capture("refused", type(module).__name__, why)
+            return self.original(*args, **kwargs)
         key = self._key(spec, leaves, state_signature)
         if self.refused and key in self.refused:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)
         record = self.records.get(key)
+        if record is None and self.automatic and self._sizes_vary(key):
+            why = ("its inputs came in another size: new sizes run op by op, where a group seen at a second "
+                   "size compiles shape-generic code")
+            self._tell(f"{type(module).__name__}.forward: {why}")
+            metrics.count_capture("refused", type(module).__name__, why)
+            self.refused.add(key)
+            return self.original(*args, **kwargs)
         if record is None and len(self.records) >= RECORD_LIMIT:
             why = f"more than {RECORD_LIMIT} records (a key that keeps changing: {_key_change(key, self.records)})"
-            warnings.warn(f"lazy_mlir.capture: {type(module).__name__}.forward has {why}; new keys run op by op",
-                          stacklevel=2)
+            self._tell(f"{type(module).__name__}.forward has {why}; new keys run op by op")
             metrics.count_capture("refused", type(module).__name__, why)
             self.refused.add(key)
             return self.original(*args, **kwargs)
@@ -530,6 +603,34 @@ class CapturedForward:
             metrics.count_capture("recorded")
         metrics.count_capture("replayed")
         return record(*state, *(x for x in leaves if isinstance(x, torch.Tensor)))
+
+    def __deepcopy__(self, memo):
+        """A copy of the module (an EMA model: ``copy.deepcopy(model)``) is
+        captured anew: records hold this module's tensors and graphs."""
+        import copy
+        module = copy.deepcopy(self.module, memo)  # the copy being made (memoized before its attributes)
+        if not self.automatic:
+            return CapturedForward(module)
+        return _class_forward(module)
+
+    def __reduce__(self):
+        """Pickled (``torch.save(model)``), the module keeps its own forward."""
+        return _class_forward, (self.module,)
+
+    def _sizes_vary(self, key: tuple) -> bool:
+        """Whether ``key`` would be the records' (AUTOMATIC_SIZE_LIMIT + 1)th
+        argument signature, the rest of the key as a record's."""
+        signatures = {k[1] for k in self.records if k[:1] + k[2:] == key[:1] + key[2:]}
+        return key[1] not in signatures and len(signatures) >= AUTOMATIC_SIZE_LIMIT
+
+    def _tell(self, message: str) -> None:
+        """A refusal: a warning where the user asked for capture; where it
+        is automatic, the op-by-op trace is what the user wrote, so only
+        ``metrics`` (and the "capture" log topic) say so."""
+        if not self.automatic:
+            warnings.warn(f"lazy_mlir.capture: {message}", stacklevel=4)
+        elif config.current.logs("capture"):
+            print(f"lazy_mlir: automatic capture: {message}", file=sys.stderr, flush=True)
 
     def _key(self, spec, leaves: list, state_signature) -> tuple:
         """What a record assumes, besides tensor values (see _KEY_PARTS)."""
@@ -564,16 +665,17 @@ class CapturedForward:
             python.restore()
             why = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}, "
                    f"at {syncs.user_source_of(error.__traceback__)}")
-            warnings.warn(f"lazy_mlir.capture: {module}.forward could not be recorded, "
-                          f"it runs op by op ({why})", stacklevel=3)
+            self._tell(f"{module}.forward could not be recorded, it runs op by op ({why})")
             metrics.count_capture("refused", module, why)
             self.refused.add(key)
+            if self.automatic:  # what failed would fail again at the next key: a record each step, for nothing
+                self.mutates = why
             return None
         if changes:
             python.restore()
             why = "it changes Python state that a replay would not: " + "; ".join(changes)
             self.mutates = why
-            warnings.warn(f"lazy_mlir.capture: {module}.forward runs op by op from now on ({why})", stacklevel=3)
+            self._tell(f"{module}.forward runs op by op from now on ({why})")
             metrics.count_capture("refused", module, why)
             return None
         if self.state.watch(python.guards()):
@@ -612,7 +714,9 @@ class CapturedForward:
         """AOTAutograd's forward-and-backward function for this key, its
         forward recorded (its backward records at its first call), the
         recording watched by ``python``."""
+        from torch._functorch._aot_autograd import graph_capture
         from torch._functorch.aot_autograd import aot_function
+        from torch.fx.experimental.proxy_tensor import make_fx
         from torch.nn.utils.stateless import _reparametrize_module
 
         module, original = self.module, self.original
@@ -641,6 +745,8 @@ class CapturedForward:
 
         def compiler(kind):
             def compile_graph(gm, example_inputs):
+                if kind == "backward":
+                    _check_backward_draws_nothing(gm)
                 record.replays[kind] = _Replay(gm, f"{label}.{kind}")
                 return record.replays[kind]
             return compile_graph
@@ -650,6 +756,10 @@ class CapturedForward:
         # traced op by op after each call (1.6 ms of a ResNet step).
         compiled = aot_function(flat_forward, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                                 num_params_buffers=len(state), keep_inference_input_mutations=True)
+        # AOTAutograd's make_fx, keeping each node's stack trace: a region's
+        # ops then name the user's line, as the per-op trace does (errors,
+        # warnings, dumps)
+        traced_with_lines = functools.partial(make_fx, record_stack_traces=True)
         transformers_compat.register_cache_types(module)  # a DynamicCache in a forward's output
         # Fakes on the lazy device: code that makes a tensor on another's
         # device makes it there, as eagerly; regions map the device to the
@@ -666,15 +776,30 @@ class CapturedForward:
             return fakes[id(t)]
 
         _recording.active = True
+        reentrant = []
+        original_checkpoint = torch.utils.checkpoint.CheckpointFunction.forward
+
+        def checkpoint_forward(ctx, *args):
+            reentrant.append(True)
+            return original_checkpoint(ctx, *args)
         try:
             # a record is a compile (AOTAutograd, functionalization): one at a
             # time with the compiles on the background thread, whose torch
             # state it would share ("Expected current_level > 0")
-            with background.compile_lock, python:
+            with (background.compile_lock, python,
+                  unittest.mock.patch.object(graph_capture, "make_fx", traced_with_lines),
+                  unittest.mock.patch.object(torch.utils.checkpoint.CheckpointFunction, "forward",
+                                             staticmethod(checkpoint_forward))):
                 outputs = compiled(*(fake(t) for t in state), *(fake(leaves[i]) for i in tensor_at))
                 _record_backward(outputs)
         finally:
             _recording.active = False
+        if reentrant:
+            # its recompute draws the forward's numbers again by setting the
+            # generator back (draw_stream.h); recorded, the two are separate
+            # draws (measured: other gradients than eager's from the first step)
+            raise CaptureError("reentrant activation checkpointing (use_reentrant=True): its recompute's draws "
+                               "would not be its forward's")
         record.aot = compiled
         return record
 

@@ -9,6 +9,11 @@ attributes and the globals user code read (``NamedState``, checked at every
 call in one C++ call); what it writes (attributes, globals, buffers, draws
 from Python's or NumPy's global random generators) makes capture refuse the
 record, with the state restored (``PythonState``).
+
+Why one module of ~530 lines: what a record may read (the key's values and
+their cheap check) and what it may not write (the watch around a record)
+walk the same state, modules' dicts, their objects' fields and the globals
+user code reads, and must agree on what "plain" and "the user's code" are.
 """
 from __future__ import annotations
 
@@ -392,11 +397,53 @@ class PythonState:
 
 
 _MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)  # _parameters, the hooks' dicts...
+# Attribute values whose __dict__ is not settings: code, classes, tensors, modules (walked as such).
+_NOT_SETTINGS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                 torch.Tensor, torch.nn.Module)
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _hooks_a_replay_skips(order: list, dicts: list) -> tuple:
+    """"name: kind" of each hook on a submodule (and of each global module
+    hook) that is not lazy_mlir's own (``_lazy_mlir_internal``): a replay
+    runs none of the submodules' calls, so their hooks would not run, and
+    what they saw while recorded was fake. The hooks' dicts join ``dicts``:
+    a hook added or removed walks again. (The root's hooks run at every
+    call, around its captured forward.)"""
+    from torch.nn.modules import module as nn_module
+
+    found = []
+    for kind in _HOOK_DICTS:
+        hooks = getattr(nn_module, "_global" + kind)
+        dicts.append(hooks)
+        found.extend(f"global {kind[1:-1]}" for h in hooks.values() if not getattr(h, "_lazy_mlir_internal", False))
+    for prefix, m in order:
+        for kind in _HOOK_DICTS:
+            hooks = getattr(m, kind)
+            dicts.append(hooks)
+            if prefix:
+                found.extend(f"{prefix[:-1]}: {kind[1:-1]}" for h in hooks.values()
+                             if not getattr(h, "_lazy_mlir_internal", False))
+    return tuple(found)
+
+
+def _fields_of(value) -> dict | None:
+    """The attribute dict of an object a module holds (a model's config, a
+    settings object), whose plain fields a forward may branch on as on the
+    module's own attributes (``self.config.use_cache``); None for values
+    without one (containers are not looked into)."""
+    if isinstance(value, _NOT_SETTINGS):
+        return None
+    fields = getattr(value, "__dict__", None)
+    return fields if type(fields) is dict else None
 
 
 class NamedState:
     """``[*module.named_parameters(), *module.named_buffers()]`` at each
-    call, with the plain attributes of the tree's modules and the values of
+    call, with the plain attributes of the tree's modules (and the plain
+    fields of the objects they hold: ``self.config``) and the values of
     the watched globals (``watch``; see :class:`PythonState`), without
     walking the module tree when nothing has changed (the walk was a third
     of a small model's capture overhead): the entries it read (dict, key,
@@ -415,6 +462,7 @@ class NamedState:
         self.watched: list[tuple[dict, str]] = []  # (globals, name) that some record read
         self.globals = Values(())  # their typed values, in that order: in the key
         self.entries = None  # the last walk's _C.StateEntries
+        self.hooks: tuple = ()  # hooks a replay would not call: see _hooks_a_replay_skips
 
     def get(self) -> list[tuple[str, torch.Tensor]]:
         if self.entries is None or not self.entries.unchanged():
@@ -444,6 +492,7 @@ class NamedState:
                     walk(f"{prefix}{name}.", child)
 
         walk("", self.module)
+        self.hooks = _hooks_a_replay_skips(order, dicts)
         params, buffers, taken = [], [], set()
         for kind, out in (("_parameters", params), ("_buffers", buffers)):
             for prefix, m in order:
@@ -456,7 +505,7 @@ class NamedState:
         self.named = params + buffers
         self.tensors = [t for _, t in self.named]
         self.identity = tuple((name, id(t)) for name, t in self.named)
-        attributes = []
+        attributes, held = [], set()
         for prefix, m in order:
             d = m.__dict__
             for name, value in d.items():
@@ -465,6 +514,14 @@ class NamedState:
                     attributes.append((prefix + name, _typed(value)))
                 elif name not in _MODULE_INTERNALS:  # not in the key, but one made plain would be
                     entries.append((d, name, value))
+                    fields = _fields_of(value)
+                    if fields is not None and id(value) not in held:  # a config shared by every layer: once
+                        held.add(id(value))
+                        dicts.append(fields)
+                        for field, v in fields.items():
+                            entries.append((fields, field, v))
+                            if _plain(v):
+                                attributes.append((f"{prefix}{name}.{field}", _typed(v)))
         if tuple(attributes) != self.attributes.values:
             self.attributes = Values(tuple(attributes))
         values = []

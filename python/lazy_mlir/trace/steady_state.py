@@ -16,11 +16,16 @@ as device data. ``Config.auto_prepare`` (on by default) does both through
 global module and optimizer hooks; ``prepare(model, optimizer)`` does it
 explicitly. A settled parameter that is the only alias of its storage
 then becomes a functional base of its own (``_C.own_buffers``): its
-updates no longer go through the moved tensor and a regenerated view. The
-global forward pre-hook puts every module call in the
-process on ``nn.Module``'s slow path (~3 us a call: 2-3% of a small HF
-model's step), so it is installed only while a trainable parameter created
-on the lazy device (by ``.to("lazy")`` or built there) is not yet settled.
+updates no longer go through the moved tensor and a regenerated view.
+With ``Config.capture`` "auto" (the default), the module settled at its
+first training call (the model: the first module a step calls with
+trainable lazy parameters; its submodules are settled with it) is captured
+too, before that call reads its ``forward``: the first step replays as every
+later one (see capture). The first call is seen by wrapping
+``nn.Module.__call__`` (a forward pre-hook runs after the call has read
+``forward``); the wrapper costs a Python frame per module call (~1 us), so
+it is in place only while a trainable parameter created on the lazy device
+(by ``.to("lazy")`` or built there) is not yet settled.
 SGD's first step is other math: its momentum buffer starts as a copy of
 the gradient, later ones are ``buf * momentum + grad * (1 - dampening)``.
 Without dampening (the default) a zero buffer gives the gradient's value
@@ -39,7 +44,7 @@ from .. import config
 from ..cluster import compilable, layer_groups
 from ..native import _C
 from ..observe import metrics, syncs
-from . import device_module
+from . import capture, device_module
 
 _settled: weakref.WeakSet = weakref.WeakSet()       # modules decided on (their parameters settled, or none to settle)
 _state_as_data: weakref.WeakSet = weakref.WeakSet()  # optimizers enrolled by prepare()
@@ -48,8 +53,8 @@ _hooks: list = []
 # Trainable lazy parameters not yet settled, by id (a WeakSet compares
 # tensors with ==, elementwise).
 _unsettled: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_forward_hook = None  # _before_forward's handle while _unsettled may hold any
 _original_parameter_new = torch.nn.Parameter.__new__
+_original_module_call = torch.nn.Module.__call__
 
 
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -62,6 +67,7 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = No
         raise ValueError("lazy_mlir.prepare: the model has no parameter on the lazy device; "
                          "call it after model.to('lazy')")
     _settle(model, params)
+    _capture_automatically(model)
     if optimizer is not None:
         _state_as_data.add(optimizer)
 
@@ -85,21 +91,25 @@ def _new_parameter(cls, data=None, requires_grad=True):
 
 
 def _arm() -> None:
-    global _forward_hook
-    if _forward_hook is None:
-        _forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
+    torch.nn.Module.__call__ = _call_while_unsettled
+
+
+def _call_while_unsettled(self, *args, **kwargs):
+    """``nn.Module.__call__`` while a trainable lazy parameter is unsettled.
+    Dynamo tracing a torch.compile'd module in the same process skips it."""
+    if not torch.compiler.is_compiling() and self not in _settled:
+        _before_forward(self)
+    return _original_module_call(self, *args, **kwargs)
 
 
 def _decided(module: torch.nn.Module) -> None:
-    """``module`` and its submodules need no settling any more; the global
-    hook goes once no trainable lazy parameter is left unsettled."""
-    global _forward_hook
+    """``module`` and its submodules need no settling any more; the wrapper
+    goes once no trainable lazy parameter is left unsettled."""
     _settled.update(module.modules())
     for p in module.parameters():
         _unsettled.pop(id(p), None)
-    if _forward_hook is not None and not _unsettled:
-        _forward_hook.remove()
-        _forward_hook = None
+    if not _unsettled:
+        torch.nn.Module.__call__ = _original_module_call
 
 
 def _lazy_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -148,17 +158,15 @@ def _sync_settled(tensors: list[torch.Tensor]) -> None:
 syncs.count_as_step(_sync_settled)  # a setup graph, not a value read
 
 
-def _before_forward(module: torch.nn.Module, args) -> None:
-    """A module's first forward in training: settle its parameters (each
-    module is decided on once; its submodules with it). Dynamo tracing a
-    torch.compile'd module in the same process skips it: the hook is global."""
-    if torch.compiler.is_compiling():
-        return
-    if module in _settled or not config.current.auto_prepare or not torch.is_grad_enabled():
+def _before_forward(module: torch.nn.Module) -> None:
+    """A module's first call in training: settle its parameters (each module
+    is decided on once; its submodules with it) and capture it."""
+    if not config.current.auto_prepare or not torch.is_grad_enabled():
         return
     if getattr(module, "_lazy_mlir_zero", None) is not None:  # ZeRO manages these parameters
         _decided(module)
         _setup_sync(_lazy_buffers(module))  # as _settle syncs a model's
+        _capture_automatically(module)
         return
     params = _lazy_params(module)
     if any(p.requires_grad for p in params):
@@ -167,8 +175,16 @@ def _before_forward(module: torch.nn.Module, args) -> None:
         # sync settles it), another graph, compiled again (HF Pegasus' and
         # Whisper's sinusoidal positions)
         _settle(module, params)
+        _capture_automatically(module)
     else:
         _settled.add(module)
+
+
+def _capture_automatically(module: torch.nn.Module) -> None:
+    """``capture(module)`` where ``Config.capture`` is "auto", unless the
+    user captured it (or a function of it) already."""
+    if config.current.capture == "auto" and not isinstance(module.forward, capture.CapturedForward):
+        module.forward = capture.CapturedForward(module, automatic=True)
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
