@@ -17,6 +17,10 @@ from lazy_mlir.observe import metrics
 from helpers import LAZY, assert_compiled, train_token_batches
 from test_shape_generic import _twins
 
+# the per-op trace's sizes (automatic capture records the first size apart,
+# and the shape-generic code of its later sizes starts one size later)
+pytestmark = pytest.mark.op_by_op("the per-op trace's shape-generic sizes")
+
 CPU = torch.device("cpu")
 
 
@@ -40,7 +44,6 @@ def gated(lazy_level, monkeypatch):
     lazy_mlir.wait_for_compiles()
 
 
-@pytest.mark.op_by_op("the per-op trace's sizes: automatic capture records the first size apart")
 def test_new_sizes_run_in_torchscript_until_the_generic_code_is_ready(gated):
     gate, calls = gated
     switch_interval = sys.getswitchinterval()

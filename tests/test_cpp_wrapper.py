@@ -364,6 +364,7 @@ class _TokenMLP(torch.nn.Module):
 
 
 @pytest.mark.compiles_in_step("counts the generic compile in the step of the new size")
+@pytest.mark.op_by_op("the per-op trace's shape-generic code at the second size")
 def test_generic_code_is_native_code_in_the_next_process(tmp_path):
     """Shape-generic code called from C++ at some sizes keeps its native plan
     for those sizes in the cache folder (shape_generic.sized_key): the next
