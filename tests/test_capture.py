@@ -928,6 +928,7 @@ def test_a_settings_objects_field_set_between_steps_is_in_the_key(lazy_level, ho
     assert_same_training(eager, lazy, **FP64)
     s = metrics.snapshot()
     assert s["capture_records"] == 3 and s["captured_calls"] == 6 and s["capture_refused"] == 0, metrics.report()
+    assert_compiled(s, calls=6)  # the replays ran generated code, not TorchScript
 
 
 @pytest.mark.parametrize("how", HOW)
@@ -961,3 +962,4 @@ def test_a_copied_or_saved_model_is_captured_anew(lazy_level, how, tmp_path):
     s = metrics.snapshot()
     # the copy and the loaded model record at their first call (loaded: Config.capture)
     assert s["captured_calls"] == 3 and s["capture_records"] == 2, metrics.report()
+    assert_compiled(s, calls=3)

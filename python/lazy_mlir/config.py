@@ -146,8 +146,8 @@ class Config:
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
-                   "compile_workers", "isolated_compile", "auto_prepare", "capture", "fuse_optimizer", "native_calls", "cuda_graphs",
-                   "step_memory", "layer_groups", "moe_eager_grads", "check")
+                   "compile_workers", "isolated_compile", "auto_prepare", "capture", "fuse_optimizer",
+                   "native_calls", "cuda_graphs", "step_memory", "layer_groups", "moe_eager_grads", "check")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend

@@ -81,6 +81,7 @@ depend on and may not do is ``python_state``.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 import re
@@ -557,7 +558,7 @@ class CapturedForward:
         self.refused: set = set()
         # why every call runs the forward op by op: what it wrote while recorded
         # (or, automatic, why it could not be recorded)
-        self.mutates: str | None = None
+        self.op_by_op: str | None = None
         self.specs: dict = {}  # (number of arguments, keyword names) -> the spec of tensor-only calls
 
     def __call__(self, *args, **kwargs):
@@ -571,7 +572,7 @@ class CapturedForward:
         if (recording() or torch.compiler.is_compiling() or state_signature is None
                 or any(isinstance(x, torch.Tensor) and x.device.type != "lazy" for x in leaves)):
             return self.original(*args, **kwargs)
-        if self.mutates is not None:
+        if self.op_by_op is not None:
             metrics.count_capture("refused")
             return self.original(*args, **kwargs)
         if self.state.hooks:
@@ -607,7 +608,6 @@ class CapturedForward:
     def __deepcopy__(self, memo):
         """A copy of the module (an EMA model: ``copy.deepcopy(model)``) is
         captured anew: records hold this module's tensors and graphs."""
-        import copy
         module = copy.deepcopy(self.module, memo)  # the copy being made (memoized before its attributes)
         if not self.automatic:
             return CapturedForward(module)
@@ -669,12 +669,12 @@ class CapturedForward:
             metrics.count_capture("refused", module, why)
             self.refused.add(key)
             if self.automatic:  # what failed would fail again at the next key: a record each step, for nothing
-                self.mutates = why
+                self.op_by_op = why
             return None
         if changes:
             python.restore()
             why = "it changes Python state that a replay would not: " + "; ".join(changes)
-            self.mutates = why
+            self.op_by_op = why
             self._tell(f"{module}.forward runs op by op from now on ({why})")
             metrics.count_capture("refused", module, why)
             return None
