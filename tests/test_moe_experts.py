@@ -128,8 +128,6 @@ def test_trains_as_eager(lazy_level, name):
     assert lazy_stepped == stepped
 
 
-@pytest.mark.op_by_op("its forward's Python reads the experts hit: capture refuses it, and its failed record "
-                      "made step 1 compile a second graph in full runs (not found why)")
 @pytest.mark.parametrize("name", MODELS)
 def test_two_graphs_a_step_no_eager_op(lazy_level, name):
     _, (_, _, _, per_step) = _runs_of(name)
