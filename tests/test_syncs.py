@@ -72,39 +72,44 @@ def test_an_item_mid_step_keeps_eagers_draws(lazy_level, captured):
     assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, metrics.report()
 
 
-def _ctc_dropout_step(device):
-    """One fp64 step of a dropout model under CTC's loss, which runs eagerly
-    on the host (its alignment table is as long as the longest target, a
-    value): (loss, gradients)."""
+def _dropout_select_step(device):
+    """One fp64 step of a dropout model whose loss selects the positive
+    outputs (``masked_select``: its size is a count read mid-step, on values
+    that depend on the dropout masks), then a CTC loss: (loss, gradients)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 5)).double().to(device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(10, 2, 8, generator=g, dtype=torch.float64)
     targets, input_lengths, target_lengths = torch.tensor([[1, 2, 3], [2, 4, 0]]), torch.tensor([10, 9]), torch.tensor([3, 2])
     torch.manual_seed(5)  # the masks
-    log_probs = model(x.to(device)).log_softmax(-1)
+    out = model(x.to(device))
+    log_probs = out.log_softmax(-1)
     loss = F.ctc_loss(log_probs, targets.to(device), input_lengths.to(device), target_lengths.to(device))
+    loss = loss + out.masked_select(out > 0).square().sum()
     loss.backward()
     if device.type == "lazy":
         torch._lazy.mark_step()
     return loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()]
 
 
-def test_an_eager_fallback_mid_step_keeps_eagers_draws(lazy_level):
-    """An op that falls back to the host reads its inputs mid-step, as
-    item() does: LTC alone would compute only those, and the backward would
-    draw the dropout masks again (gradients 0.44 off eager's). The fallback
-    syncs every live tensor first (value_reads.h), so the step keeps eager's
-    draws, without the redraw warning."""
-    eager_loss, eager_grads = _ctc_dropout_step(torch.device("cpu"))
+def test_a_count_read_mid_step_keeps_eagers_draws(lazy_level):
+    """A read mid-step of a value that depends on random draws (here the
+    count ``masked_select`` needs, trace/data_dependent.py): LTC alone would
+    compute only that value, and the backward would draw the dropout masks
+    again (gradients far off eager's). The read syncs every live tensor
+    first (value_reads.h), so the step keeps eager's draws, without the
+    redraw warning; nothing runs eagerly."""
+    eager_loss, eager_grads = _dropout_select_step(torch.device("cpu"))
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="lazy_mlir: a value read")  # the redraw warning
-        loss, grads = _ctc_dropout_step(LAZY)
+        loss, grads = _dropout_select_step(LAZY)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-12, atol=1e-12)
     for lazy_grad, eager_grad in zip(grads, eager_grads):
         torch.testing.assert_close(lazy_grad, eager_grad, rtol=1e-12, atol=1e-12)
     s = metrics.snapshot()
-    assert s["fallbacks"] == {"aten::_ctc_loss.Tensor": 1, "aten::_ctc_loss_backward.Tensor": 1}, metrics.report()
+    assert s["fallback_count"] == 0, metrics.report()
+    assert list(s["syncs"]) == [f"lazy_mlir reads how many elements aten::masked_select selects, at {__file__}:"
+                                f"{_dropout_select_step.__code__.co_firstlineno + 13} (_dropout_select_step)"], s["syncs"]
     assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, metrics.report()
 
 
@@ -221,23 +226,23 @@ def test_a_detached_value_read_after_mark_step_runs_no_graph(lazy_level):
 
 
 def _data_dependent(x):
-    return torch.masked_select(x, x > 0)  # output shape depends on values: no lazy kernel can trace it
+    return torch.unique(x)  # output sizes and values from data, no count gives them: no lazy kernel traces it
 
 
 def test_o1_eager_fallback_is_counted_with_op_and_source_line(lazy_level):
-    x = torch.tensor([0.5, -1.0, 2.0])
+    x = torch.tensor([0.5, -1.0, 2.0, 0.5])
     out = _data_dependent(x.to(LAZY))
     torch._lazy.mark_step()
     torch.testing.assert_close(out.cpu(), _data_dependent(x))
     s = metrics.snapshot()
-    assert s["fallbacks"] == {"aten::masked_select": 1}
+    assert s["fallbacks"] == {"aten::_unique2": 1}
     (where,) = s["fallback_sources"]
-    assert where.startswith("aten::masked_select at " + __file__) and "(_data_dependent)" in where
+    assert where.startswith("aten::_unique2 at " + __file__) and "(_data_dependent)" in where
 
 
 def test_o2_eager_fallback_is_an_error_naming_op_and_line(lazy_level):
     lazy_mlir.init("O2")
-    with pytest.raises(syncs.EagerFallbackError, match=r"aten::masked_select at .*test_syncs.py:\d+ \(_data_dependent\)"):
+    with pytest.raises(syncs.EagerFallbackError, match=r"aten::_unique2 at .*test_syncs.py:\d+ \(_data_dependent\)"):
         _data_dependent(torch.tensor([0.5, -1.0]).to(LAZY))
     torch._lazy.mark_step()
 
@@ -245,22 +250,22 @@ def test_o2_eager_fallback_is_an_error_naming_op_and_line(lazy_level):
 def test_o2_fallback_warn_switch_runs_the_op(lazy_level):
     lazy_mlir.init("O2", o2_fallback="warn")
     x = torch.tensor([0.5, -1.0, 2.0])
-    with pytest.warns(RuntimeWarning, match="aten::masked_select at .*test_syncs.py"):
+    with pytest.warns(RuntimeWarning, match="aten::_unique2 at .*test_syncs.py"):
         out = _data_dependent(x.to(LAZY))
     torch._lazy.mark_step()
     torch.testing.assert_close(out.cpu(), _data_dependent(x))
 
 
 def test_o2_ltc_eager_kernel_warns(lazy_level):
-    """LTC's own nonzero kernel runs eagerly, past our kernels: O2 notices it
-    from LTC's counters at the next execution (here the one it forces)."""
+    """An op LTC runs eagerly, past our kernels (``equal``: no Lazy kernel,
+    LTC's fallback): O2 notices it from LTC's counters at the next execution."""
     lazy_mlir.init("O2")
     x = torch.tensor([0.0, 1.0, 2.0]).to(LAZY)
     torch._lazy.mark_step()
-    with pytest.warns(RuntimeWarning, match=r"LTC ran aten::nonzero eagerly \(noticed at .*test_syncs.py"):
-        y = (x * 3).nonzero()
-    torch._lazy.mark_step()
-    torch.testing.assert_close(y.cpu(), torch.tensor([[1], [2]]))
+    with pytest.warns(RuntimeWarning, match=r"LTC ran aten::equal eagerly"):
+        same = torch.equal(x * 3, x + x + x)
+        torch._lazy.mark_step()
+    assert same
 
 
 def test_o2_value_read_warns_with_source_line(lazy_level):

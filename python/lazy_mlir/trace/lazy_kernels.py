@@ -78,6 +78,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..native import _C
 from ..observe import metrics, syncs
+from . import data_dependent
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
@@ -154,6 +155,10 @@ def _amp_unscale(self, found_inf, inv_scale):
 
 HAND_WRITTEN = {
     "_amp_foreach_non_finite_check_and_unscale": _amp_unscale,
+    "_ctc_loss.Tensor": data_dependent.ctc_loss,
+    "masked_select": data_dependent.masked_select,
+    "repeat_interleave.Tensor": data_dependent.repeat_interleave,
+    "bincount": data_dependent.bincount,
     "eye": _eye,
     "eye.m": _eye_m,
     "split_copy.Tensor": _split_copy,
@@ -354,11 +359,47 @@ def mutable_ops() -> list[str]:
     return sorted(_MUTABLE)
 
 
-def uncovered_ops() -> list[str]:
-    """aten ops that still take the eager path on the lazy device (random ops,
-    ops with no functional sibling, ops Python cannot name)."""
-    return sorted(q for q in torch._C._dispatch_get_all_op_names()
-                  if q.startswith("aten::") and (_falls_back_on_lazy(q) or q in _UNMATCHED))
+# Why an op takes the eager path, by what it is (uncovered_ops); the first that holds.
+_OTHER_DEVICES = re.compile(r"cudnn|miopen|mps|flash_attention|efficient_attention|_triton|cslt|_fused_sdp_choice")
+_OTHER_LAYOUTS = re.compile(r"^aten::(_indices|_values|_nnz|_dim[IV]|q_|qscheme|quantize|dequantize|_nested|_sparse|"
+                            r"_validate_compressed)")
+_WHY = (
+    (lambda q, op: op is None, "Python cannot name it"),
+    (lambda q, op: _OTHER_DEVICES.search(q), "a kernel of another device (CUDA, MPS)"),
+    (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized or nested tensors, which the lazy device has not"),
+    (lambda q, op: torch.Tag.nondeterministic_seeded in op.tags,
+     "random: drawn eagerly, in eager's generator stream"),
+    (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
+     "a view: functionalization hands the lazy device its *_copy op instead"),
+    (lambda q, op: op._schema.is_mutable, "mutates its arguments, with no functional sibling to trace"),
+    (lambda q, op: not any(isinstance(r.type, (torch.TensorType, torch.ListType)) for r in op._schema.returns),
+     "returns a host value (the eager path reads its inputs)"),
+    (lambda q, op: torch.Tag.dynamic_output_shape in op.tags,
+     "its sizes come from its inputs' values, with no rule to read them (trace/data_dependent.py)"),
+    (lambda q, op: any(isinstance(r.type, torch.ListType) for r in op._schema.returns),
+     "returns a tensor list (traced only where hand-written: split, unbind)"),
+)
+
+
+def _why_uncovered(qualified: str) -> str:
+    op = _resolve(qualified)
+    return next((why for holds, why in _WHY if holds(qualified, op)), "other")
+
+
+def _data_dependent_falling_back(qualified: str) -> bool:
+    """A traced op (a builtin node) whose sizes come from data: its meta
+    kernel refuses, and the call takes the eager path (``unique``)."""
+    op = _resolve(qualified)
+    return (op is not None and torch.Tag.dynamic_output_shape in op.tags and qualified in _BUILTIN
+            and qualified not in data_dependent.TRACED)
+
+
+def uncovered_ops() -> dict[str, str]:
+    """aten ops that still take the eager path on the lazy device, each with
+    the reason (random ops, other devices' kernels, sizes from data...)."""
+    return {q: _why_uncovered(q) for q in sorted(torch._C._dispatch_get_all_op_names())
+            if q.startswith("aten::") and (_falls_back_on_lazy(q) or q in _UNMATCHED
+                                           or _data_dependent_falling_back(q))}
 
 
 # ---------------------------------------------------------- builtin tracing
@@ -411,6 +452,7 @@ _SHAPE_FUNCTIONS = {
     "aten::_logcumsumexp": lambda self, dim: torch.empty_like(self),
     "aten::geqrf": _geqrf_shapes,
     "aten::_grouped_mm": _grouped_mm_shapes,
+    "aten::_ctc_loss_backward.Tensor": data_dependent.ctc_loss_backward_shapes,
 }
 
 
@@ -483,11 +525,17 @@ def trace_builtin(op, args, kwargs):
 
 def _builtin_kernel(op):
     position = _indices_position(op)
+    # a gather by a boolean mask has data-dependent sizes: it gathers at the
+    # mask's nonzero positions instead (index_put's sizes are its input's)
+    reads_masks = _qualified(op) in ("aten::index.Tensor", "aten::_unsafe_index.Tensor")
 
     def kernel(*args, **kwargs):
         try:
             if position is not None and position < len(args):  # the dispatcher passes it positionally
                 args = _host_indices_moved(position, args)
+                if reads_masks:
+                    indices = data_dependent.boolean_indices_as_integers(args[position], "a boolean index")
+                    args = args[:position] + (indices,) + args[position + 1:]
             return trace_builtin(op, args, kwargs)
         except Exception:  # noqa: BLE001 - e.g. data-dependent output shapes
             return eager_fallback(op, args, kwargs)
@@ -928,6 +976,13 @@ def _register_running_stats_written(op) -> None:
     _REPLACED.add(_qualified(op))
 
 
+def _register_counted_nonzero(op) -> None:
+    """LTC's ``nonzero`` runs eagerly (its size comes from data): traced with
+    its count read first (data_dependent), without a C++ front."""
+    _LIB.impl("nonzero", data_dependent.nonzero, "Lazy")
+    _REPLACED.add(_qualified(op))
+
+
 LTC_REPLACED = {
     "pixel_shuffle": _register_composite_functionalized,
     "pixel_unshuffle": _register_composite_functionalized,
@@ -937,6 +992,7 @@ LTC_REPLACED = {
     "index_select": _register_index_select,
     "native_batch_norm": _register_running_stats_written,
     "histc": _register_histc_of_integers,
+    "nonzero": _register_counted_nonzero,
 }
 
 
