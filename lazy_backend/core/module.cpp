@@ -171,6 +171,9 @@ PYBIND11_MODULE(_C, m) {
         "random draws (see value_reads.h).");
   m.def("sync_live_tensors_before_read", &lazy_mlir::syncLiveTensorsBeforeRead, py::arg("tensors"),
         "Sync every live tensor if one of `tensors` is pending on random draws (value_reads.h); returns whether.");
+  m.def("value_key", &lazy_mlir::valueKey, py::arg("tensor"),
+        "What a lazy tensor's value is computed from, as a key (0: none); equal keys of live tensors, equal "
+        "values (value_reads.h).");
   m.def("sync_live_tensors", &lazy_mlir::syncLiveTensorsOf, py::arg("tensor"),
         "Sync every live tensor of `tensor`'s device, as mark_step does but without ending the step.");
   m.def("register_meta_kernels", &lazy_mlir::registerMetaKernels,

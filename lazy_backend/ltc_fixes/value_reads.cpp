@@ -3,6 +3,7 @@
 #include <torch/csrc/lazy/core/ir_util.h>
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
 #include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/ts_backend/ops/device_data.h>
 #include <torch/library.h>
 
 #include "ltc_fixes/draw_order.h"
@@ -59,6 +60,28 @@ bool syncLiveTensorsBeforeRead(const std::vector<at::Tensor>& tensors) {
     }
   }
   return false;
+}
+
+uint64_t valueKey(const at::Tensor& tensor) {
+  auto lazy = torch::lazy::TryGetLtcTensor(tensor);
+  if (!lazy) return 0;
+  auto pointerHash = [](const void* pointer) { return torch::lazy::Hash(reinterpret_cast<uintptr_t>(pointer)); };
+  torch::lazy::hash_t key;
+  if (auto data = lazy->CurrentDataHandle()) {
+    key = pointerHash(data.get());
+  } else if (torch::lazy::Value ir = lazy->CurrentIrValue()) {
+    if (dependsOnDraws(ir.node.get())) return 0;
+    key = torch::lazy::HashCombine(ir.hash(), torch::lazy::Hash(static_cast<uint64_t>(ir.index)));
+    for (const torch::lazy::Node* node : torch::lazy::Util::ComputePostOrder(ir.node.get())) {
+      if (const auto* device_data = torch::lazy::DeviceData::Cast(node)) {
+        key = torch::lazy::HashCombine(key, pointerHash(device_data->data().get()));
+      }
+    }
+  } else {
+    return 0;
+  }
+  const uint64_t reduced = c10::Uint128Low64(key) ^ c10::Uint128High64(key);
+  return reduced == 0 ? 1 : reduced;
 }
 
 void syncLiveTensorsOf(const at::Tensor& tensor) {

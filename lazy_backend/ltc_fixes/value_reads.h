@@ -39,6 +39,14 @@ bool syncingLiveTensorsForRead();
 // depends on draws, syncs every live tensor of its device; returns whether.
 bool syncLiveTensorsBeforeRead(const std::vector<at::Tensor>& tensors);
 
+// What a lazy tensor's value is computed from, as a key: its IR's hash and
+// the data each device-data node reads, in post-order (a device-data node
+// hashes by shape alone); for a tensor holding data, that data. While two
+// tensors with equal keys are alive, they hold equal values (their data
+// cannot be freed and reused). 0 when there is no such key: a value that
+// depends on random draws (each draw differs), or host data.
+uint64_t valueKey(const at::Tensor& tensor);
+
 // Syncs every live tensor of `tensor`'s device, whatever it depends on: a
 // planned read that cuts the step in two rather than recompute what it
 // depends on (moe_experts: which experts got tokens, before the optimizer).

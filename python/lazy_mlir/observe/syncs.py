@@ -168,6 +168,15 @@ def planned_read(what: str):
         _planned.pop()
 
 
+_at_mark_step: list = []  # callbacks run as mark_step's execution starts
+
+
+def at_mark_step(callback) -> None:
+    """Run ``callback()`` as each mark_step's graph execution starts (what a
+    step kept for itself, such as data_dependent's counts, is let go)."""
+    _at_mark_step.append(callback)
+
+
 _warned: set[str] = set()
 execution = 0  # serial number of the graph execution running now (or last), never reset
 
@@ -193,6 +202,9 @@ def on_execute(draws: bool = False) -> bool:
         source = f"{_planned[-1]}, at {source}"
     if config.current.level == "O2":
         _check_ltc_fallbacks(source)
+    if marking:
+        for callback in _at_mark_step:
+            callback()
     if marking or user is None:
         return marking
     metrics.count_sync(source)

@@ -16,7 +16,8 @@ Two rules, by what the sizes depend on:
   costs one count. The count (of the mask's nonzero elements) is computed
   on the lazy device and read: one small execution (the mask's ops only;
   the whole step when the mask depends on random draws, so they are drawn
-  once), counted in ``metrics["syncs"]`` under "lazy_mlir reads how many
+  once; a mask computed again from the same data in the step is not read
+  again), counted in ``metrics["syncs"]`` under "lazy_mlir reads how many
   elements ... selects" and the user's line. ``nonzero`` is then traced as a
   TorchScript builtin node of that size (``lazy_mlir::nonzero_contiguous``),
   kept in the glue graph (``cluster.compilable``); a count that changes from step to step changes
@@ -53,9 +54,23 @@ def _read_size(value: torch.Tensor, what: str) -> int:
         return int(value.item())
 
 
+# Counts read this step, by the mask's value key (_C.value_key): a mask
+# computed again from the same data (each layer of a graph network removes
+# the same self-loops) is not read again. The mask is held with its count
+# (so its key's data cannot become another tensor's), until mark_step.
+_counts: dict[int, tuple[torch.Tensor, int]] = {}
+syncs.at_mark_step(_counts.clear)
+
+
 def _count_true(mask: torch.Tensor, what: str) -> int:
-    """How many elements of lazy ``mask`` are nonzero, read on the host."""
-    return _read_size(aten.sum.default(aten.ne.Scalar(mask, 0)), f"how many elements {what} selects")
+    """How many elements of lazy ``mask`` are nonzero, read on the host once a step."""
+    key = _C.value_key(mask)
+    if key in _counts:
+        return _counts[key][1]
+    count = _read_size(aten.sum.default(aten.ne.Scalar(mask, 0)), f"how many elements {what} selects")
+    if key:
+        _counts[key] = mask, count
+    return count
 
 
 @torch.library.custom_op("lazy_mlir::nonzero_contiguous", mutates_args=(), device_types=("cpu", "cuda"))
