@@ -95,6 +95,7 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
     if stage == 3:  # no rank number in its traced steps (1-2 slice the parameter at the rank): the same groups
         assert compiled  # the suite's first 3-rank stage-3 run (resumed steps: new graphs in any case)
         assert all(r["group_keys"]["used"] == results[0]["group_keys"]["used"] for r in results)
+        _assert_simulated_alike(results[0], tmp_path, extra=["--resume-at", str(RESUME_AT)])
 
     memory = results[0]["memory"]
     share = memory["unsharded_total"] / WORLD
@@ -119,6 +120,20 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
         kind = "reduce_scatter" if stage == 2 else "all_to_all"
         assert param_bytes * 0.9 <= moved[kind] <= param_bytes * 1.2, moved
         assert set(moved) == {"all_gather", kind, "all_reduce"} - ({"all_reduce"} if stage == 3 else set()), moved
+
+
+def _assert_simulated_alike(real: dict, tmp_path, extra) -> None:
+    """Rank 0 of WORLD simulated alone on torch's fake process group (what
+    benchmarks/zero_simulation.py runs at 1,024 ranks): its per-rank memory
+    and collective bytes are the real rank's, its step one compiled graph
+    (the all-to-all asked for: "auto" picks it on gloo, not on the fake group)."""
+    (tmp_path / "simulated").mkdir()
+    simulated = _train(3, tmp_path / "simulated", world=1, extra=["--simulate-world", str(WORLD),
+                                                                    "--reduce-scatter", "all_to_all", *extra])[0]
+    assert simulated["memory"] == real["memory"]
+    assert simulated["metrics"]["collective_bytes"] == real["metrics"]["collective_bytes"]
+    metrics = simulated["metrics"]
+    assert metrics["graph_executions"] == metrics["mark_steps"] == STEPS and metrics["fallback_count"] == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -42,13 +42,20 @@ def main() -> None:
     parser.add_argument("--resume-at", type=int, default=-1, help="checkpoint after this many steps, resume from it")
     # nccl: the lazy device on this rank's GPU (the launcher sets LAZY_MLIR_DEVICE=cuda)
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    # rank 0 of this many ranks, alone, on torch's fake process group (its
+    # collectives move nothing: benchmarks/zero_simulation.py); no torchrun
+    parser.add_argument("--simulate-world", type=int, default=0)
     parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
     parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(args.backend, timeout=__import__("datetime").timedelta(seconds=args.timeout))
+    if args.simulate_world:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.simulate_world)
+    else:
+        dist.init_process_group(args.backend, timeout=__import__("datetime").timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     lazy_mlir.init(progress=False)
     group_keys = record_group_keys()
