@@ -232,7 +232,7 @@ def test_every_op_on_the_eager_path_says_why(lazy_level):
     assert uncovered and all(why != "other" for why in uncovered.values()), \
         {q: why for q, why in uncovered.items() if why == "other"}
     assert not {"aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::_ctc_loss.Tensor"} & set(uncovered)
-    assert uncovered["aten::_unique2"].startswith("its sizes come from its inputs' values")
+    assert uncovered["aten::unique_dim"].startswith("its sizes come from its inputs' values")
     assert uncovered["aten::poisson"].startswith("random")
 
 

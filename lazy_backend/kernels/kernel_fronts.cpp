@@ -73,6 +73,10 @@ std::optional<hash_t> callSignature(c10::ArrayRef<c10::IValue> args) {
           continue;
         }
         if (!item.isTensor()) return std::nullopt;
+        // a boolean index's result size comes from its values: every call
+        // goes to the Python kernel, which reads it (data_dependent.py)
+        const auto dtype = item.toTensor().scalar_type();
+        if (dtype == at::kBool || dtype == at::kByte) return std::nullopt;
         auto tensor = tensorSignature(item.toTensor());
         if (!tensor) return std::nullopt;
         hash = HashCombine(hash, *tensor);

@@ -36,6 +36,7 @@ UNGENERATED = {"aten::_grouped_mm"}
 # Ops with no meta kernel or data-dependent sizes (a group's conversion infers
 # every size: trace/data_dependent.py): aten's kernel runs in the glue.
 UNGENERATED |= {"aten::nonzero", "lazy_mlir::nonzero_contiguous", "aten::repeat_interleave", "aten::bincount",
+                "aten::_unique2", "aten::unique_consecutive",
                 "aten::_ctc_loss", "aten::_ctc_loss_backward", "lazy_mlir::ctc_loss_padded_alpha"}
 DENIED = HOST_SYNCS | RANDOM_OPS | UNGENERATED
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).

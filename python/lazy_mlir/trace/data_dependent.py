@@ -24,8 +24,9 @@ Two rules, by what the sizes depend on:
   the sizes downstream, which shape-generic code serves from the second
   count on (``compile.shape_generic``). The C++ front that reuses a call
   signature's sizes (``kernel_fronts.h``) is not put over it.
-  ``repeat_interleave`` (the repeats' total) and ``bincount`` (the largest
-  value) read their size the same way.
+  ``repeat_interleave`` (the repeats' total), ``bincount`` (the largest
+  value), ``unique`` and ``unique_consecutive`` without ``dim`` (how many runs
+  of equal values, sorted or as given) read their size the same way.
 * **A bound without a read** (the CTC loss): ``log_alpha`` is never seen by
   the user, only by the loss's backward, which reads no column past a
   target's own length. It is traced at a width every target fits (twice the
@@ -153,11 +154,48 @@ def bincount(self, weights=None, minlength=0):
     return out
 
 
+def _distinct_in_order(flat: torch.Tensor, what: str) -> int:
+    """How many runs of equal neighbours 1-D lazy ``flat`` has (NaN equals
+    nothing, as in aten's unique), read on the host."""
+    n = flat.shape[0]
+    if n == 0:
+        return 0
+    changes = aten.ne.Tensor(aten.slice_copy.Tensor(flat, 0, 1, n), aten.slice_copy.Tensor(flat, 0, 0, n - 1))
+    return _read_size(aten.add.Scalar(aten.sum.default(changes), 1), what)
+
+
+def _unique_outputs(self, count: int, return_inverse: bool, return_counts: bool) -> list:
+    # aten gives empty inverse and counts when not asked for
+    return [(self.dtype, [count]), (torch.int64, list(self.shape) if return_inverse else [0]),
+            (torch.int64, [count] if return_counts else [0])]
+
+
+def unique(self, sorted=True, return_inverse=False, return_counts=False):
+    """The Lazy kernel of ``_unique2`` (``torch.unique`` without ``dim``): how
+    many distinct values (runs in the sorted values) read, then aten's kernel."""
+    flat = aten.view_copy.default(self, [-1])
+    count = _distinct_in_order(aten.sort.default(flat)[0], "how many distinct values aten::_unique2 returns")
+    return tuple(_C.trace_builtin("aten::_unique2", "default", [self, sorted, return_inverse, return_counts],
+                                  _unique_outputs(self, count, return_inverse, return_counts), []))
+
+
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    """The Lazy kernel of ``unique_consecutive`` without ``dim`` (with one:
+    NotImplemented, the eager path): the runs of equal neighbours read."""
+    if dim is not None:
+        return NotImplemented
+    count = _distinct_in_order(aten.view_copy.default(self, [-1]),
+                               "how many runs aten::unique_consecutive returns")
+    return tuple(_C.trace_builtin("aten::unique_consecutive", "default", [self, return_inverse, return_counts, dim],
+                                  _unique_outputs(self, count, return_inverse, return_counts), []))
+
+
 # aten ops tagged with data-dependent sizes that are traced (the others take
 # the eager path, named by lazy_kernels.uncovered_ops): here, and the CTC
 # loss of host lengths (its meta kernel reads the lists)
 TRACED = frozenset({"aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::_ctc_loss.Tensor",
-                    "aten::_ctc_loss", "aten::repeat_interleave.Tensor", "aten::bincount"})
+                    "aten::_ctc_loss", "aten::repeat_interleave.Tensor", "aten::bincount", "aten::_unique2",
+                    "aten::unique_consecutive"})
 
 
 # ------------------------------------------------------ CTC loss, bounded

@@ -159,6 +159,7 @@ HAND_WRITTEN = {
     "masked_select": data_dependent.masked_select,
     "repeat_interleave.Tensor": data_dependent.repeat_interleave,
     "bincount": data_dependent.bincount,
+    "_unique2": data_dependent.unique,
     "eye": _eye,
     "eye.m": _eye_m,
     "split_copy.Tensor": _split_copy,
@@ -983,6 +984,16 @@ def _register_counted_nonzero(op) -> None:
     _REPLACED.add(_qualified(op))
 
 
+def _register_unique_consecutive(op) -> None:
+    """Without ``dim``, traced with its size read (data_dependent); with one, the eager path."""
+    def kernel(*args, **kwargs):
+        out = data_dependent.unique_consecutive(*args, **kwargs)
+        return eager_fallback(op, args, kwargs) if out is NotImplemented else out
+
+    _LIB.impl("unique_consecutive", kernel, "Lazy", allow_override=True)
+    _REPLACED.add(_qualified(op))
+
+
 LTC_REPLACED = {
     "pixel_shuffle": _register_composite_functionalized,
     "pixel_unshuffle": _register_composite_functionalized,
@@ -993,6 +1004,7 @@ LTC_REPLACED = {
     "native_batch_norm": _register_running_stats_written,
     "histc": _register_histc_of_integers,
     "nonzero": _register_counted_nonzero,
+    "unique_consecutive": _register_unique_consecutive,
 }
 
 
