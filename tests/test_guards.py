@@ -109,6 +109,44 @@ def test_a_failed_step_does_not_poison_the_next(lazy_level, monkeypatch):
     assert metrics.snapshot()["groups_fallen_back"] == {}
 
 
+def _embedding_step(model, optimizer, ids):
+    loss = model(ids.to(model[0].weight.device)).square().sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if loss.device.type == "lazy":
+        torch._lazy.mark_step()
+    return loss.item()
+
+
+def test_a_failed_step_that_updated_state_says_so_at_the_next(lazy_level):
+    """A failed step's results never got values, the parameters and optimizer
+    state it updated among them. The next step says so, naming the first
+    error, instead of failing deep in its graph; with the model and
+    optimizer built anew from the weights, training goes on as eager's."""
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 1)).double()
+    saved = {k: v.clone() for k, v in eager.state_dict().items()}
+    def build():
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 1)).double()
+        model.load_state_dict(saved)
+        model = model.to(LAZY)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    model, optimizer = build()
+    _embedding_step(model, optimizer, torch.tensor([1, 2]))
+    with pytest.raises(RuntimeError, match="index out of bounds"):
+        _embedding_step(model, optimizer, torch.tensor([1, 12]))  # no row 12
+    with pytest.raises(RuntimeError, match=r"tensors of this step read values that an earlier step was to "
+                                           r"compute when it failed \(.*index out of bounds.*\)"):
+        _embedding_step(model, optimizer, torch.tensor([3, 4]))
+    model, optimizer = build()
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    for ids in (torch.tensor([3, 4]), torch.tensor([5, 3])):
+        assert _embedding_step(model, optimizer, ids) == pytest.approx(_embedding_step(eager, eager_optimizer, ids),
+                                                                       rel=1e-12)
+
+
 class _CountingItem:
     """Counts .item() calls (a host sync per call on a GPU)."""
 
