@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import lazy_mlir
 from lazy_mlir.observe import metrics
 from lazy_mlir.trace import moe_experts
+from helpers import end_step
 
 STEPS = 4
 LAZY = torch.device("lazy")
@@ -85,10 +86,7 @@ def _train(name: str, device: torch.device, perturb: float = 0.0, captured: bool
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            per_step.append(metrics.snapshot())
-        losses.append(loss.item())
+        end_step(device, loss, losses, per_step)
     with torch.no_grad():
         params = {n: p.cpu() for n, p in model.named_parameters()}
     stepped = {n: int(opt.state[p]["step"]) for n, p in model.named_parameters() if p in opt.state}

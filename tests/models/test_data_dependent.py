@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import data_dependent_models as models
+from helpers import end_step
 from lazy_mlir.observe import metrics
 
 # Compiles per step are counted: new sizes compile in the step that brings
@@ -53,10 +54,7 @@ def _train(name: str, device: torch.device, perturb: float = 0.0):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device == LAZY:
-            torch._lazy.mark_step()
-            per_step.append(metrics.snapshot())
-        losses.append(loss.item())
+        end_step(device, loss, losses, per_step)
     with torch.no_grad():
         params = {n: p.detach().cpu() for n, p in model.named_parameters()}
     return torch.tensor(losses, dtype=torch.float64), params, per_step

@@ -107,8 +107,10 @@ def _columns(indices: torch.Tensor, dims: int) -> list[torch.Tensor]:
 def boolean_indices_as_integers(indices: list, what: str) -> list:
     """``Tensor?[] indices`` with each boolean mask of k dims replaced by the
     k integer index tensors of its nonzero elements, as aten reads a mask;
-    the list itself when no index is boolean."""
-    if not any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices):
+    the list itself when no index is boolean, or one is 0-d (``x[True]``
+    adds a dimension: no integer index does; the eager path takes it)."""
+    masks = [t for t in indices if t is not None and t.dtype in (torch.bool, torch.uint8)]
+    if not masks or any(t.dim() == 0 for t in masks):
         return indices
     out = []
     for t in indices:
