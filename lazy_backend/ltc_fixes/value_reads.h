@@ -14,8 +14,9 @@
 // of LTC's own, so only it can be intercepted: other reads (`.cpu()`,
 // printing) keep LTC's kernels, and the backend still warns when one of
 // them runs random ops (syncs.on_execute). An op run eagerly on the host
-// (lazy_kernels.eager_fallback: CTC's loss, masked_select) reads its inputs
-// the same way and calls syncLiveTensorsBeforeRead first.
+// (lazy_kernels.eager_fallback: `unique` with `dim`) and a size read
+// (data_dependent.py: masked_select's count) read their inputs the same
+// way and call syncLiveTensorsBeforeRead first.
 #pragma once
 
 #include <ATen/core/Tensor.h>

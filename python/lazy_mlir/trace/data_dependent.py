@@ -20,10 +20,11 @@ Two rules, by what the sizes depend on:
   again), counted in ``metrics["syncs"]`` under "lazy_mlir reads how many
   elements ... selects" and the user's line. ``nonzero`` is then traced as a
   TorchScript builtin node of that size (``lazy_mlir::nonzero_contiguous``),
-  kept in the glue graph (``cluster.compilable``); a count that changes from step to step changes
-  the sizes downstream, which shape-generic code serves from the second
-  count on (``compile.shape_generic``). The C++ front that reuses a call
-  signature's sizes (``kernel_fronts.h``) is not put over it.
+  kept in the glue graph (``cluster.compilable``); a count that changes
+  from step to step changes the sizes downstream, which shape-generic code
+  serves from the second count on (``compile.shape_generic``). The C++ front
+  that reuses a call signature's sizes (``kernel_fronts.h``) is not put over
+  ``nonzero`` and never takes a boolean index.
   ``repeat_interleave`` (the repeats' total), ``bincount`` (the largest
   value), ``unique`` and ``unique_consecutive`` without ``dim`` (how many runs
   of equal values, sorted or as given) read their size the same way.
