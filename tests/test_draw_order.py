@@ -85,6 +85,35 @@ def test_every_kind_of_draw_matches_eager(lazy_level):
     assert_compiled()
 
 
+def sampling_draws(device):
+    """Sampling ops among traced draws, one of them unused: in eager's order."""
+    torch.manual_seed(3)
+    mean, std = torch.arange(6.0).to(device), torch.full((6,), 0.5).to(device)
+    probs = torch.tensor([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]]).to(device)
+    drawn = [torch.normal(mean, std), torch.poisson(mean + 1), torch.multinomial(probs, 2)]
+    unused = torch.poisson(mean)  # nothing reads it: it draws all the same
+    del unused
+    drawn += [torch.rand(3, device=device), torch.normal(mean, 2.0), torch.binomial(mean, torch.full((6,), 0.5).to(device)),
+              torch._standard_gamma(mean + 1), torch.normal(1.0, std), torch._sample_dirichlet(probs)]
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    return [t.cpu() for t in drawn]
+
+
+def test_sampling_ops_draw_in_the_step_in_eagers_order(lazy_level):
+    """normal with tensor moments, poisson, multinomial, binomial and gamma
+    are traced (lazy_kernels: a random op in the glue, compilable.RANDOM_OPS):
+    run eagerly on the host they drew at once, ahead of traced draws made
+    before them, and the numbers differed from eager's."""
+    eager = sampling_draws(CPU)
+    metrics.reset()
+    lazy = sampling_draws(LAZY)
+    s = metrics.snapshot()
+    for got, want in zip(lazy, eager):
+        assert torch.equal(got, want), (got, want)
+    assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
+
+
 def unused_draws(device, n, read_mid_step=False):
     """A dropout whose output nothing reads between two that are read: eager
     runs all three, so the third's mask follows the second's numbers. With

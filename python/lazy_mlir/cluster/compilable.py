@@ -27,7 +27,8 @@ RANDOM_OPS = {
     "aten::bernoulli", "aten::dropout", "aten::native_dropout", "aten::rand", "aten::rand_like",
     "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like", "aten::randperm",
     "aten::normal", "aten::normal_functional", "aten::uniform", "aten::multinomial", "aten::exponential",
-    "aten::geometric", "aten::cauchy", "aten::log_normal", "aten::random",
+    "aten::geometric", "aten::cauchy", "aten::log_normal", "aten::random", "aten::poisson", "aten::binomial",
+    "aten::_standard_gamma", "aten::_sample_dirichlet",
     "lazy_mlir::dropout_mask",  # eager's dropout mask, split from its product (lazy_backend/ltc_fixes/dropout_masks.h)
 }
 # Inductor generates grouped products (MoE experts) for CUDA bfloat16 only,

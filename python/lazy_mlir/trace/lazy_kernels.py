@@ -76,6 +76,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..cluster import compilable
 from ..native import _C
 from ..observe import metrics, syncs
 from . import data_dependent
@@ -194,9 +195,11 @@ def _is_functional_tensor_op(op: torch._ops.OpOverload) -> bool:
     schema = op._schema
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
         return False  # functionalization never sends in-place, out= or view ops here
-    if torch.Tag.nondeterministic_seeded in op.tags:
-        return False  # random ops must keep their RNG semantics: eager path
     return bool(schema.returns) and all(isinstance(r.type, torch.TensorType) for r in schema.returns)
+
+
+def _draws(op: torch._ops.OpOverload) -> bool:
+    return torch.Tag.nondeterministic_seeded in op.tags
 
 
 def _aten_written(decomposition) -> bool:
@@ -426,7 +429,7 @@ def _to_meta(x):
 
 
 # Output shapes of ops traced as nodes that have no Meta kernel (aten's
-# _logcumsumexp and geqrf have CPU/CUDA kernels only): on meta tensors, here
+# _logcumsumexp, geqrf and binomial have CPU/CUDA kernels only): on meta tensors, here
 # rather than as Meta kernels registered for everyone (fake tensors, export).
 def _geqrf_shapes(self):
     *batch, m, n = self.shape
@@ -454,6 +457,9 @@ _SHAPE_FUNCTIONS = {
     "aten::geqrf": _geqrf_shapes,
     "aten::_grouped_mm": _grouped_mm_shapes,
     "aten::_ctc_loss_backward.Tensor": data_dependent.ctc_loss_backward_shapes,
+    # draws of their input's shape, with no Meta kernel
+    "aten::binomial": lambda count, prob, generator=None: torch.empty_like(count),
+    "aten::_sample_dirichlet": lambda self, generator=None: torch.empty_like(self),
 }
 
 
@@ -806,7 +812,17 @@ def install() -> None:
         elif op._schema.is_mutable and torch.Tag.nondeterministic_seeded not in op.tags:
             mutable.append(op)
     for op in functional:
-        if _qualified(op)[len("aten::"):] not in HAND_WRITTEN:
+        if _draws(op):
+            # A sampling op traced as a node draws when the step runs, in
+            # trace order with the other draws (the glue keeps it:
+            # compilable.RANDOM_OPS), from the default generator, as eager
+            # does; run eagerly it drew at once, ahead of the traced draws
+            # before it. An explicit generator takes the eager path; other
+            # random ops (other devices' fused kernels) stay eager.
+            if op._schema.name in compilable.RANDOM_OPS:
+                _LIB.impl(_qualified(op)[len("aten::"):], _builtin_kernel(op), "Lazy")
+                _BUILTIN.add(_qualified(op))
+        elif _qualified(op)[len("aten::"):] not in HAND_WRITTEN:
             _register_functional(op)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in mutable:  # after the functional kernels: the siblings they call
