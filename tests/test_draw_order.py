@@ -114,6 +114,25 @@ def test_sampling_ops_draw_in_the_step_in_eagers_order(lazy_level):
     assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
 
 
+def test_a_sampling_op_with_its_own_generator_draws_at_once(lazy_level):
+    """Draws from a generator of the user's are that generator's, in the
+    order the user makes them: the eager path, counted."""
+    def draws(device):
+        g = torch.Generator().manual_seed(7)
+        mean = torch.arange(4.0).to(device)
+        out = [torch.normal(mean, torch.ones(4).to(device), generator=g), torch.poisson(mean, generator=g),
+               torch.randn(4, generator=g).to(device)]
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+        return [t.cpu() for t in out]
+
+    eager = draws(CPU)
+    metrics.reset()
+    lazy = draws(LAZY)
+    assert all(torch.equal(a, b) for a, b in zip(lazy, eager))
+    assert metrics.snapshot()["fallbacks"] == {"aten::normal.Tensor_Tensor": 1, "aten::poisson": 1}
+
+
 def unused_draws(device, n, read_mid_step=False):
     """A dropout whose output nothing reads between two that are read: eager
     runs all three, so the third's mask follows the second's numbers. With

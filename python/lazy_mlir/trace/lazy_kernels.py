@@ -550,6 +550,20 @@ def _builtin_kernel(op):
     return kernel
 
 
+def _sampling_kernel(op):
+    """A sampling op as a node; given a generator of its own, the eager path:
+    the draws are that generator's, at once, as eagerly (a node would hold the
+    generator as a constant, and a cached graph another call's)."""
+    traced = _builtin_kernel(op)
+
+    def kernel(*args, **kwargs):
+        if any(isinstance(a, torch.Generator) for a in (*args, *kwargs.values())):
+            return eager_fallback(op, args, kwargs)
+        return traced(*args, **kwargs)
+
+    return kernel
+
+
 def _indices_position(op) -> int | None:
     """Where an indexing op (index, index_put...) takes its ``Tensor?[] indices``."""
     for i, formal in enumerate(op._schema.arguments):
@@ -820,7 +834,7 @@ def install() -> None:
             # before it. An explicit generator takes the eager path; other
             # random ops (other devices' fused kernels) stay eager.
             if op._schema.name in compilable.RANDOM_OPS:
-                _LIB.impl(_qualified(op)[len("aten::"):], _builtin_kernel(op), "Lazy")
+                _LIB.impl(_qualified(op)[len("aten::"):], _sampling_kernel(op), "Lazy")
                 _BUILTIN.add(_qualified(op))
         elif _qualified(op)[len("aten::"):] not in HAND_WRITTEN:
             _register_functional(op)
