@@ -51,8 +51,8 @@ aten = torch.ops.aten
 def _read_size(value: torch.Tensor, what: str) -> int:
     """Lazy 0-d integer ``value`` read on the host, counted as a sync under ``what``."""
     with syncs.planned_read(f"lazy_mlir reads {what}"):
-        # pending on random draws: the whole step, the value with it, in one execution
-        _C.sync_live_tensors_before_read([value])
+        # item() syncs the whole step first when the value depends on random
+        # draws (value_reads.h): drawn once, the value with it
         return int(value.item())
 
 
@@ -89,16 +89,12 @@ def _(self):
 
 
 def counted_nonzero(self: torch.Tensor, what: str = "aten::nonzero") -> torch.Tensor:
-    """``nonzero(self)`` as a builtin node whose size is read on the host."""
+    """``nonzero(self)`` as a builtin node whose size is read on the host
+    (the Lazy kernel of ``nonzero``: LTC's runs it eagerly)."""
     count = _count_true(self, what)
     (indices,) = _C.trace_builtin("lazy_mlir::nonzero_contiguous", "default", [self],
                                   [(torch.int64, [count, self.dim()])], [])
     return indices
-
-
-def nonzero(self):
-    """The Lazy kernel of ``nonzero`` (LTC's runs it eagerly)."""
-    return counted_nonzero(self)
 
 
 def _columns(indices: torch.Tensor, dims: int) -> list[torch.Tensor]:

@@ -1010,7 +1010,7 @@ def _register_running_stats_written(op) -> None:
 def _register_counted_nonzero(op) -> None:
     """LTC's ``nonzero`` runs eagerly (its size comes from data): traced with
     its count read first (data_dependent), without a C++ front."""
-    _LIB.impl("nonzero", data_dependent.nonzero, "Lazy")
+    _LIB.impl("nonzero", data_dependent.counted_nonzero, "Lazy")
     _REPLACED.add(_qualified(op))
 
 
