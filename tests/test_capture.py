@@ -860,17 +860,25 @@ class AttributeFlag(nn.Module):
         return F.cross_entropy(self.fc2(self.act(self.fc1(x))), y)
 
 
+def _recording_factory(module_class, how):
+    """(make, models): make() builds a float64 ``module_class`` as ``how``
+    trains it and keeps it in models, for edits between steps."""
+    models = []
+
+    def make():
+        torch.manual_seed(0)
+        models.append(as_trained(module_class().double(), how))
+        return models[-1]
+
+    return make, models
+
+
 @pytest.mark.parametrize("how", HOW)
 def test_a_module_attribute_set_between_steps_is_in_the_key(lazy_level, how):
     """A submodule's attribute the training loop sets between steps records
     again; set back, the first record replays."""
     batches = fp64(mlp_batches(6))
-    models = []
-
-    def make():
-        torch.manual_seed(0)
-        models.append(as_trained(AttributeFlag().double(), how))
-        return models[-1]
+    make, models = _recording_factory(AttributeFlag, how)
 
     def switch(step):
         if step in (1, 3):
@@ -910,12 +918,7 @@ def test_a_settings_objects_field_set_between_steps_is_in_the_key(lazy_level, ho
     key as the module's own attributes are: edited mid-training (a new
     activation, then a new scale), the forward records again."""
     batches = fp64(mlp_batches(6))
-    models = []
-
-    def make():
-        torch.manual_seed(0)
-        models.append(as_trained(SettingsFlag().double(), how))
-        return models[-1]
+    make, models = _recording_factory(SettingsFlag, how)
 
     def edit(step):
         if step == 1:

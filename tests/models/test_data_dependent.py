@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import data_dependent_models as models
+import lazy_mlir
 from helpers import end_step
 from lazy_mlir.observe import metrics
 
@@ -77,18 +78,33 @@ def _runs_of(name):
     return _runs[name]
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_trains_as_eager(lazy_level, name):
-    (losses, params, _), (lazy_losses, lazy_params, _) = _runs_of(name)
+def _assert_same_training(name, reference, run) -> None:
+    """Losses and final parameters in float64 (FP32_ISLANDS: within ten
+    times the noise floor)."""
+    (losses, params, _), (run_losses, run_params, _) = reference, run
     if name in FP32_ISLANDS:
         floor_losses, floor_params, _ = _train(name, torch.device("cpu"), perturb=1e-7)
         floor = _max_diffs(losses, params, floor_losses, floor_params)
-        diffs = _max_diffs(losses, params, lazy_losses, lazy_params)
+        diffs = _max_diffs(losses, params, run_losses, run_params)
         assert all(d <= 10 * f for d, f in zip(diffs, floor)), f"(loss, param) diffs {diffs} vs noise floor {floor}"
         return
-    torch.testing.assert_close(lazy_losses, losses, **FP64)
+    torch.testing.assert_close(run_losses, losses, **FP64)
     for n, p in params.items():
-        torch.testing.assert_close(lazy_params[n], p, **FP64, msg=n)
+        torch.testing.assert_close(run_params[n], p, **FP64, msg=n)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_trains_as_eager(lazy_level, name):
+    eager, lazy = _runs_of(name)
+    _assert_same_training(name, eager, lazy)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_trains_as_at_o0(lazy_level, name):
+    """The same steps with nothing compiled (O0: all of it in TorchScript)."""
+    _, lazy = _runs_of(name)  # at O1, before the switch
+    lazy_mlir.init("O0")
+    _assert_same_training(name, _train(name, LAZY), lazy)
 
 
 def _max_diffs(losses, params, other_losses, other_params) -> tuple[float, float]:
