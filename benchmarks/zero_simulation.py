@@ -1,4 +1,5 @@
-"""ZeRO-3 past one machine, simulated: one rank of N (N = 8, 64, 1,024) in one process.
+"""ZeRO-3 past one machine, simulated: one rank of N (N = 8, 64, 1,024) in one process,
+sharded over all N or hybrid (shard groups of S ranks, replicated N/S times).
 
 torch.distributed's fake process group (``init_process_group("fake")``:
 collectives return at once, moving nothing) stands in for the other N - 1
@@ -19,12 +20,16 @@ pipeline runs) and reports, for a GPT of ~3.7M parameters:
   parameters and everything else the step allocates);
 - the pass pipeline's compile time (``stage.mlir_passes``) against N = 8's.
 
+A hybrid row (``RxS``: R replicas of shard groups of S ranks, FSDP2's HSDP)
+holds 1/S of the state; its volume adds the all-reduce of each gradient
+shard across the R replicas (2 Psi/S, counted as an all-reduce's input twice).
+
 A row whose run fell back (an eager op, a group in TorchScript, more than
 one graph a step) shows FAILED and the script exits 1. Numbers of a real
 run: tests/zero/test_zero.py checks a simulated rank of 3 against the same
 rank of a real 3-rank gloo run (memory and collective bytes alike).
 
-    .venv/bin/python benchmarks/zero_simulation.py [--worlds 8,64,1024] [--steps 3]
+    .venv/bin/python benchmarks/zero_simulation.py [--worlds 8,64,1024,128x8] [--steps 3]
 """
 from __future__ import annotations
 
@@ -39,8 +44,9 @@ PREFETCH_BYTES = 1 << 20
 PAPER_VOLUME = 3.0
 
 
-def _rank_of(world: int, steps: int) -> dict:
-    """Trains ``steps`` ZeRO-3 steps as rank 0 of ``world``; the figures."""
+def _rank_of(world: int, shard_group: int, steps: int) -> dict:
+    """Trains ``steps`` ZeRO-3 steps as rank 0 of ``world`` (sharded over
+    groups of ``shard_group`` ranks); the figures."""
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -58,7 +64,7 @@ def _rank_of(world: int, steps: int) -> dict:
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     model = model.to("lazy")
     model, optimizer = zero.initialize(model, make_adamw(model), stage=3, prefetch_bytes=PREFETCH_BYTES,
-                                       reduce_scatter="reduce_scatter_tensor")
+                                       reduce_scatter="reduce_scatter_tensor", shard_group_size=shard_group)
     lazy_mlir.metrics.reset()
     memory = None
     for step, (x, y) in enumerate(gpt_batches(config, steps=steps)):
@@ -71,7 +77,7 @@ def _rank_of(world: int, steps: int) -> dict:
         torch._lazy.mark_step()
     s = lazy_mlir.metrics.snapshot()
     dist.destroy_process_group()
-    return {"world": world, "param_bytes": param_bytes, "memory": memory,
+    return {"world": world, "shards": shard_group, "param_bytes": param_bytes, "memory": memory,
             "collective_bytes": {k: v / steps for k, v in s["collective_bytes"].items()},
             "step_peak_bytes": _C.step_memory_stats()["peak_bytes"],
             "mlir_passes_s": s["seconds"].get("stage.mlir_passes", 0.0),
@@ -89,47 +95,66 @@ def _failure(row: dict) -> str | None:
     return None
 
 
+def _name(row: dict) -> str:
+    shards = row.get("shards", row["world"])
+    return str(row["world"]) if shards == row["world"] else f"{row['world'] // shards}x{shards}"
+
+
 def _table(rows: list[dict]) -> int:
-    base = next((r["mlir_passes_s"] for r in rows if r["world"] == 8 and not _failure(r)), None)
-    print("| N | params / grads / optimizer bytes per rank | total vs 1/N unsharded (vs 1/N + budget) | all-gather / "
-          "reduce-scatter bytes a step | vs ZeRO 3 Psi | step buffers peak | pass pipeline s (vs N=8) |")
+    base = next((r["mlir_passes_s"] for r in rows if _name(r) == "8" and not _failure(r)), None)
+    print("| N | params / grads / optimizer bytes per rank | total vs 1/S unsharded (vs 1/S + budget) | all-gather / "
+          "reduce-scatter / all-reduce bytes a step | vs ZeRO's volume | step buffers peak | "
+          "pass pipeline s (vs N=8) |")
     print("|---|---|---|---|---|---|---|")
     failed = 0
     for r in rows:
         why = r.get("error") or _failure(r)
         if why:
-            print(f"| {r['world']} | FAILED: {why} |")
+            print(f"| {_name(r)} | FAILED: {why} |")
             failed = 1
             continue
         m, moved, psi = r["memory"], r["collective_bytes"], r["param_bytes"]
-        share = m["unsharded_total"] / r["world"]
+        shards = r["shards"]
+        share = m["unsharded_total"] / shards
         volume = sum(moved.values()) / psi
+        paper = PAPER_VOLUME + (2.0 / shards if shards < r["world"] else 0.0)
         passes = f"{r['mlir_passes_s']:.2f}" + (f" ({r['mlir_passes_s'] / base:.2f}x)" if base else "")
-        print(f"| {r['world']} | {m['params']:,} / {m['grads']:,} / {m['optimizer']:,} | "
+        print(f"| {_name(r)} | {m['params']:,} / {m['grads']:,} / {m['optimizer']:,} | "
               f"{m['total'] / share:.3f}x ({m['total'] / (share + PREFETCH_BYTES):.3f}x) | "
-              f"{moved.get('all_gather', 0):,.0f} / {moved.get('reduce_scatter', 0):,.0f} | "
-              f"{volume:.3f} Psi ({volume / PAPER_VOLUME:.3f}x) | {r['step_peak_bytes']:,} | {passes} |")
-    print(f"\nPsi = {rows[0].get('param_bytes', 0):,} parameter bytes; gather budget {PREFETCH_BYTES:,} bytes")
+              f"{moved.get('all_gather', 0):,.0f} / {moved.get('reduce_scatter', 0):,.0f} / "
+              f"{moved.get('all_reduce', 0):,.0f} | {volume:.3f} Psi ({volume / paper:.3f}x of {paper:.2f}) | "
+              f"{r['step_peak_bytes']:,} | {passes} |")
+    print(f"\nPsi = {rows[0].get('param_bytes', 0):,} parameter bytes; gather budget {PREFETCH_BYTES:,} bytes; "
+          "S = ranks a shard group (N when not hybrid)")
     return failed
+
+
+def _world(spec: str) -> tuple[int, int]:
+    """``"N"`` -> (N, N); ``"RxS"`` -> (R * S, S)."""
+    replicas, _, shards = spec.partition("x")
+    return (int(replicas) * int(shards), int(shards)) if shards else (int(spec), int(spec))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", default="8,64,1024")
+    parser.add_argument("--worlds", default="8,64,1024,128x8", help="N, or RxS: R replicas of S-rank shard groups")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--rank-of", type=int, help=argparse.SUPPRESS)  # the child process: one world
+    parser.add_argument("--rank-of", help=argparse.SUPPRESS)  # the child process: one world, "N" or "RxS"
     args = parser.parse_args()
     if args.rank_of:
-        print("ROW " + json.dumps(_rank_of(args.rank_of, args.steps)))
+        world, shards = _world(args.rank_of)
+        print("ROW " + json.dumps(_rank_of(world, shards, args.steps)))
         return 0
     rows = []
-    for world in (int(w) for w in args.worlds.split(",")):
+    for spec in args.worlds.split(","):
+        world, shards = _world(spec)
         env = {**os.environ, "LAZY_MLIR_DEVICE": "cpu", "LAZY_MLIR_CACHE": "0", "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, __file__, "--rank-of", str(world), "--steps", str(args.steps)],
+        done = subprocess.run([sys.executable, __file__, "--rank-of", spec, "--steps", str(args.steps)],
                               env=env, capture_output=True, text=True)
         line = next((l for l in done.stdout.splitlines() if l.startswith("ROW ")), None)
-        rows.append(json.loads(line[4:]) if line else {"world": world, "error": (done.stderr or "no output")[-300:]})
-        print(f"N={world} done", file=sys.stderr)
+        rows.append(json.loads(line[4:]) if line else
+                    {"world": world, "shards": shards, "error": (done.stderr or "no output")[-300:]})
+        print(f"N={spec} done", file=sys.stderr)
     return _table(rows)
 
 

@@ -13,7 +13,12 @@ should be ``(N - 1)/N * collective_bytes`` per rank and step, plus TCP/IP
 and gloo headers and the barriers around the steps. Needs an otherwise quiet
 loopback (Linux).
 
-    .venv/bin/python benchmarks/zero_wire.py [--worlds 2,4] [--steps 4] [--warmup 2]
+A hybrid row ``RxS`` (R replicas of S-rank shard groups) gathers and
+reduce-scatters in groups of S ((S - 1)/S of those bytes sent) and
+all-reduces gradient shards across R ranks (gloo's ring all-reduce sends
+2 (R - 1)/R of its input, which lazy_mlir counts twice: (R - 1)/R of it).
+
+    .venv/bin/python benchmarks/zero_wire.py [--worlds 2,4,2x2] [--steps 4] [--warmup 2]
 
 A run that fails, or whose steps fell back (an eager op, a group in
 TorchScript, more than one graph a step), shows FAILED and exits 1.
@@ -40,7 +45,7 @@ def _loopback_sent() -> int:
     raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
-def _rank(steps: int, warmup: int, out: str) -> None:
+def _rank(shard_group: int, steps: int, warmup: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -55,7 +60,8 @@ def _rank(steps: int, warmup: int, out: str) -> None:
     config = GPTConfig(n_layer=4, n_head=4, n_embd=256, vocab_size=2048, block_size=64, batch_size=4 * world)
     model = make_gpt(config)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    model, optimizer = zero.initialize(model.to("lazy"), make_adamw(model), stage=3, prefetch_bytes=1 << 20)
+    model, optimizer = zero.initialize(model.to("lazy"), make_adamw(model), stage=3, prefetch_bytes=1 << 20,
+                                       shard_group_size=shard_group)
     rows = config.batch_size // world
     sent = None
     for step, (x, y) in enumerate(gpt_batches(config, steps=warmup + steps)):
@@ -87,11 +93,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(world: int, steps: int, warmup: int) -> dict:
+def _world(spec: str) -> tuple[int, int]:
+    """``"N"`` -> (N, N); ``"RxS"`` -> (R * S, S)."""
+    replicas, _, shards = spec.partition("x")
+    return (int(replicas) * int(shards), int(shards)) if shards else (int(spec), int(spec))
+
+
+def _run(spec: str, steps: int, warmup: int) -> dict:
+    world, _ = _world(spec)
     out = f"/tmp/zero_wire_{os.getpid()}_{world}.json"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
            "OMP_NUM_THREADS": "1", "LAZY_MLIR_DEVICE": "cpu"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank-of", str(world), "--steps", str(steps),
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank-of", spec, "--steps", str(steps),
                                "--warmup", str(warmup), "--out", out],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
@@ -106,38 +119,40 @@ def _run(world: int, steps: int, warmup: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--worlds", default="2,4,2x2", help="N, or RxS: R replicas of S-rank shard groups")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rank-of", type=int, help=argparse.SUPPRESS)  # a rank of a launched run
+    parser.add_argument("--rank-of", help=argparse.SUPPRESS)  # a rank of a launched run: "N" or "RxS"
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of:
-        _rank(args.steps, args.warmup, args.out)
+        _rank(_world(args.rank_of)[1], args.steps, args.warmup, args.out)
         return 0
-    print("| N | counted bytes a step (per rank) | expected on the wire, (N-1)/N of them | measured on the "
-          "loopback, per rank | measured / expected | counted vs ZeRO 3 Psi |")
+    print("| N | counted bytes a step (per rank) | expected on the wire | measured on the "
+          "loopback, per rank | measured / expected | counted vs ZeRO's volume |")
     print("|---|---|---|---|---|---|")
     failed = 0
-    for world in (int(w) for w in args.worlds.split(",")):
-        row = _run(world, args.steps, args.warmup)
+    for spec in args.worlds.split(","):
+        world, shards = _world(spec)
+        replicas = world // shards
+        row = _run(spec, args.steps, args.warmup)
         why = row.get("error") or (f"fell back: {row['fell_back']}" if any(row["fell_back"]) else None)
+        counted = row.get("collective_bytes", {})
+        # the all-reduce across replicas is the only one (no parameter is kept whole here)
+        modelled = set(RING_KINDS) | ({"all_reduce"} if replicas > 1 else set())
+        if not why and set(counted) - modelled:
+            why = f"collectives of kinds {sorted(set(counted) - modelled)}, whose wire bytes this script does not model"
         if why:
-            print(f"| {world} | FAILED: {why} |")
-            failed = 1
-            continue
-        counted = row["collective_bytes"]
-        unknown = set(counted) - set(RING_KINDS)
-        if unknown:
-            print(f"| {world} | FAILED: collectives of kinds {sorted(unknown)}, whose wire bytes this script "
-                  "does not model |")
+            print(f"| {spec} | FAILED: {why} |")
             failed = 1
             continue
         total = sum(counted.values())
-        expected = total * (world - 1) / world
+        across = counted.get("all_reduce", 0)
+        expected = (total - across) * (shards - 1) / shards + across * (replicas - 1) / replicas
         measured = row["loopback_sent"] / world / row["steps"]
-        print(f"| {world} | {total:,.0f} | {expected:,.0f} | {measured:,.0f} | {measured / expected:.3f} | "
-              f"{total / row['param_bytes'] / 3:.3f} |")
+        volume = 3 + (2 / shards if replicas > 1 else 0)  # ZeRO-3 in the group, + the shards' all-reduce
+        print(f"| {spec} | {total:,.0f} | {expected:,.0f} | {measured:,.0f} | {measured / expected:.3f} | "
+              f"{total / row['param_bytes'] / volume:.3f} |")
     return failed
 
 

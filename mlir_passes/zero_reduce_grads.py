@@ -16,9 +16,10 @@ from .torch_ir import cat, constant_bool, constant_float, constant_int, constant
 @register
 @dataclasses.dataclass(frozen=True)
 class ZeroReduceGrads(Pass):
-    """Replaces each ``torch.lazy_mlir.reduce_grad(%grad, N, group, rank)``
-    (the mean of a gradient over N data-parallel ranks; with rank >= 0 only
-    that rank's flat zero-padded shard of it) by functional collectives: the
+    """Replaces each ``torch.lazy_mlir.reduce_grad(%grad, N, group, rank, R,
+    replicas)`` (the mean of a gradient over N data-parallel ranks, times R
+    replicas of the group; with rank >= 0 only that rank's flat zero-padded
+    shard of it) by functional collectives: the
     collective starts where the marker was (as soon as backward has made
     the gradient) and its ``wait_tensor`` sits just before the first use of
     the result (as late as possible), so it overlaps the rest of backward.
@@ -31,6 +32,13 @@ class ZeroReduceGrads(Pass):
     gloo runs ``reduce_scatter_tensor`` as an all-reduce (twice the bytes)
     plus copies. Rank -1 (parameters kept whole) is an ``all_reduce``. The
     sum is divided by N after the wait.
+
+    With R > 1 replicas (hybrid sharding) the group's sum is then
+    all-reduced over the ``replicas`` group and divided by N * R. That
+    all-reduce starts where the next reduction starts (the group's
+    collective, started a stretch of backward earlier, is waited for there)
+    or at the first use if that comes first, and is waited for at the first
+    use: it overlaps the rest of backward too.
 
     Consecutive markers of one kind (whole or sharded; with ``all-to-all``
     both), group and dtype whose gradients hold at most ``bucket-bytes`` in
@@ -56,12 +64,16 @@ class ZeroReduceGrads(Pass):
                     marker.erase()  # a reduction nobody reads
                 else:
                     live.append((marker, index[marker], first_use, index[first_use]))
-            for bucket in self._buckets(live):
+            buckets = self._buckets(live)
+            for k, bucket in enumerate(buckets):
+                first_use, use_at = min(((m[2], m[3]) for m in bucket), key=lambda use: use[1])
+                # where the replicas' all-reduce starts: where the next reduction does, if before the use
+                later = buckets[k + 1][-1] if k + 1 < len(buckets) else None
+                handoff = later[0] if later is not None and later[1] < use_at else first_use
                 if len(bucket) == 1:
-                    self._lower(bucket[0][0], bucket[0][2])
+                    self._lower(bucket[0][0], first_use, handoff)
                 else:
-                    first_use = min(bucket, key=lambda member: member[3])[2]
-                    self._lower_bucket([member[0] for member in bucket], first_use)
+                    self._lower_bucket([member[0] for member in bucket], first_use, handoff)
 
     def _buckets(self, live) -> list[list[tuple]]:
         """Consecutive markers of one kind (whole, or sharded over the same
@@ -74,24 +86,28 @@ class ZeroReduceGrads(Pass):
             world, rank = _constants(self.name, marker)
             # an all-to-all bucket carries whole gradients too (see _lower_bucket)
             kind = None if self.all_to_all else rank < 0
-            return kind, world, constant_value(marker.operands[2]), tensor_info(marker.operands[0]).dtype
+            return (kind, world, constant_value(marker.operands[2]), _replicas(self.name, marker),
+                    constant_value(marker.operands[5]), tensor_info(marker.operands[0]).dtype)
 
         def joins(bucket, member):
             return min(m[3] for m in bucket) > member[1]
 
         return consecutive_buckets(live, key, lambda member: nbytes(member[0].operands[0]), self.bucket_bytes, joins)
 
-    def _lower(self, marker, first_use) -> None:
-        grad, group_size, group_name, _ = marker.operands
+    def _lower(self, marker, first_use, handoff) -> None:
+        grad, group_size, group_name = marker.operands[:3]
         world, rank = _constants(self.name, marker)
+        replicas = _replicas(self.name, marker)
+        collect = handoff if replicas > 1 else first_use  # where the group's collective is waited for
         if rank < 0:
             started = create_op(ALL_REDUCE, [grad, constant_str("sum", marker), group_name], [grad.type],
                                 marker).results[0]
-            reduced = wait(started, first_use).results[0]
+            reduced = wait(started, collect).results[0]
         else:
             flat = _flat_padded(grad, world, marker)
-            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, marker, first_use)
-        _replace_by_mean(marker, reduced, world, first_use)
+            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, marker, collect)
+        reduced = _across_replicas(reduced, replicas, marker.operands[5], collect, first_use)
+        _replace_by_mean(marker, reduced, world * replicas, first_use)
 
     def _sum_my_shard(self, flat, world: int, rank: int, group_size, group_name, start, first_use):
         """This rank's 1/world slice of the sum over ranks of ``flat``: the
@@ -115,7 +131,7 @@ class ZeroReduceGrads(Pass):
                             start).results[0]
         return wait(started, first_use).results[0]
 
-    def _lower_bucket(self, markers, first_use) -> None:
+    def _lower_bucket(self, markers, first_use, handoff) -> None:
         """One collective for several markers, started where the last of them
         was (when all their gradients are made) and waited before the first
         use of any. Sharded gradients are laid out [ranks, shard] side by
@@ -124,8 +140,10 @@ class ZeroReduceGrads(Pass):
         (each rank receives all ranks' copies and sums them, an all-reduce
         without a collective of its own: gloo pays per collective)."""
         last = markers[-1]
-        _, group_size, group_name, _ = last.operands
+        group_size, group_name = last.operands[1:3]
         world = _constants(self.name, last)[0]
+        replicas = _replicas(self.name, last)
+        collect = handoff if replicas > 1 else first_use
         rank = max(_constants(self.name, m)[1] for m in markers)  # -1: all whole
         dtype, context = tensor_info(last.operands[0]).dtype, last.context
         if rank < 0:
@@ -135,7 +153,7 @@ class ZeroReduceGrads(Pass):
             whole = cat(pieces, 0, vtensor_type((sum(widths),), dtype, context), last)
             started = create_op(ALL_REDUCE, [whole, constant_str("sum", last), group_name], [whole.type],
                                 last).results[0]
-            reduced = wait(started, first_use).results[0]
+            reduced = wait(started, collect).results[0]
         else:
             rows = []
             for m in markers:
@@ -156,22 +174,42 @@ class ZeroReduceGrads(Pass):
             side_by_side = cat(rows, 1, vtensor_type((world, total), dtype, context), last)
             flat = create_aten("reshape", [side_by_side, int_list([-1], last)],
                                [vtensor_type((world * total,), dtype, context)], last).results[0]
-            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, last, first_use)
+            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, last, collect)
+        reduced = _across_replicas(reduced, replicas, last.operands[5], collect, first_use)
         offset = 0
         for m, width in zip(markers, widths):
             part = slice_tensor(reduced, 0, offset, offset + width, vtensor_type((width,), dtype, context), first_use)
             shaped = create_aten("view", [part, int_list(tensor_info(m.results[0]).shape, first_use)],
                                  [m.results[0].type], first_use).results[0]
-            _replace_by_mean(m, shaped, world, first_use)
+            _replace_by_mean(m, shaped, world * replicas, first_use)
             offset += width
 
 
 def _constants(pass_name, marker) -> tuple[int, int]:
-    _, group_size, _, shard_rank = marker.operands
+    if len(marker.operands) != 6:
+        raise op_error(pass_name, marker, "takes (grad, group size, group, shard rank, replicas, replica group)")
+    group_size, shard_rank = marker.operands[1], marker.operands[3]
     world, rank = constant_value(group_size), constant_value(shard_rank)
     if not isinstance(world, int) or not isinstance(rank, int):
         raise op_error(pass_name, marker, "group size and rank must be constants")
     return world, rank
+
+
+def _replicas(pass_name, marker) -> int:
+    replicas, group = constant_value(marker.operands[4]), constant_value(marker.operands[5])
+    if not isinstance(replicas, int) or replicas < 1 or not isinstance(group, str):
+        raise op_error(pass_name, marker, "replicas and the replica group must be constants")
+    return replicas
+
+
+def _across_replicas(reduced, replicas: int, replica_group, start, first_use):
+    """``reduced`` summed over ``replica_group`` when there are replicas:
+    started before op ``start``, waited for before ``first_use``."""
+    if replicas == 1:
+        return reduced
+    started = create_op(ALL_REDUCE, [reduced, constant_str("sum", start), replica_group], [reduced.type],
+                        start).results[0]
+    return wait(started, first_use).results[0]
 
 
 def _numel(value) -> int:

@@ -44,12 +44,14 @@
 // TOALL-LABEL: func.func @padded
 // TOALL-NOT:     reduce_scatter
 func.func @step(%g: !torch.vtensor<[3,2],f32>, %s: !torch.vtensor<[2],f32>, %h: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>) {
+  %rep1 = torch.constant.int 1
+  %norep = torch.constant.str ""
   %int3 = torch.constant.int 3
   %int1 = torch.constant.int 1
   %intm1 = torch.constant.int -1
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int3, %str, %int1) : (!torch.vtensor<[3,2],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[2],f32>
-  %r2 = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int3, %str, %intm1) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[2],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int3, %str, %int1, %rep1, %norep) : (!torch.vtensor<[3,2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %r2 = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int3, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
   %x = torch.aten.mul.Tensor %s, %s : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
   %y = torch.aten.add.Tensor %x, %r, %int1 : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.int -> !torch.vtensor<[2],f32>
   return %y, %r2 : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>
@@ -62,10 +64,12 @@ func.func @step(%g: !torch.vtensor<[3,2],f32>, %s: !torch.vtensor<[2],f32>, %h: 
 // CHECK:         torch.aten.constant_pad_nd %{{.*}} -> !torch.vtensor<[6],f32>
 // CHECK:         torch.operator "torch._c10d_functional.reduce_scatter_tensor"{{.*}} -> !torch.vtensor<[3],f32>
 func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
+  %rep1 = torch.constant.int 1
+  %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
   %int0 = torch.constant.int 0
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   return %r : !torch.vtensor<[3],f32>
 }
 
@@ -105,14 +109,16 @@ func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
 // BUCKET-LABEL: func.func @not_bucketed
 // BUCKET-COUNT-2: reduce_scatter_tensor
 func.func @bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %k: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>) {
+  %rep1 = torch.constant.int 1
+  %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
   %int0 = torch.constant.int 0
   %intm1 = torch.constant.int -1
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   %m = torch.aten.mul.Tensor %h, %h : !torch.vtensor<[5],f32>, !torch.vtensor<[5],f32> -> !torch.vtensor<[5],f32>
-  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%m, %int2, %str, %int0) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
-  %a = torch.operator "torch.lazy_mlir.reduce_grad"(%k, %int2, %str, %intm1) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[2],f32>
+  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%m, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %a = torch.operator "torch.lazy_mlir.reduce_grad"(%k, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
   return %r, %s, %a : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>
 }
 
@@ -121,11 +127,52 @@ func.func @bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %k
 // The first result is used before the second marker: no bucket (its wait
 // would precede the shared collective's start).
 func.func @not_bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[6],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>) {
+  %rep1 = torch.constant.int 1
+  %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
   %int0 = torch.constant.int 0
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   %u = torch.aten.mul.Tensor %r, %r : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
-  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %str, %int0) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int) -> !torch.vtensor<[3],f32>
+  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   return %u, %s : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>
+}
+
+// -----
+
+// Hybrid sharding: 2 ranks a group, 2 replicas of it. Each gradient's shard
+// is summed over the group (reduce-scatter), then over the replica group
+// (all-reduce), and divided by 4. The first shard's all-reduce starts where
+// the second gradient's reduce-scatter does (its own reduce-scatter waited
+// for there, a stretch of compute after it started); the last one's at its
+// first use. Each all-reduce is waited for at its first use.
+// CHECK-LABEL: func.func @hybrid
+// CHECK:         %[[RS1:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%{{.*}}, %{{.*}}, %{{.*}}, %[[SHARDS:.*]]) : {{.*}} -> !torch.vtensor<[3],f32>
+// CHECK-NEXT:    %[[X:.*]] = torch.aten.mul.Tensor %arg2, %arg2
+// CHECK-NEXT:    %[[W1:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[RS1]])
+// CHECK-NEXT:    %[[SUM:.*]] = torch.constant.str "sum"
+// CHECK-NEXT:    %[[AR1:.*]] = torch.operator "torch._c10d_functional.all_reduce"(%[[W1]], %[[SUM]], %[[REPLICAS:.*]]) :
+// CHECK:         %[[RS2:.*]] = torch.operator "torch._c10d_functional.reduce_scatter_tensor"(%{{.*}}, %{{.*}}, %{{.*}}, %[[SHARDS]])
+// CHECK-NEXT:    %[[Z:.*]] = torch.aten.mul.Tensor %[[X]], %[[X]]
+// CHECK-NEXT:    %[[V1:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[AR1]])
+// CHECK-NEXT:    %[[FOUR:.*]] = torch.constant.int 4
+// CHECK-NEXT:    %[[MEAN1:.*]] = torch.aten.div.Scalar %[[V1]], %[[FOUR]]
+// CHECK-NEXT:    %[[W2:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[RS2]])
+// CHECK-NEXT:    %[[SUM2:.*]] = torch.constant.str "sum"
+// CHECK-NEXT:    %[[AR2:.*]] = torch.operator "torch._c10d_functional.all_reduce"(%[[W2]], %[[SUM2]], %[[REPLICAS]]) :
+// CHECK-NEXT:    %[[V2:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[AR2]])
+// CHECK-NEXT:    %[[FOUR2:.*]] = torch.constant.int 4
+// CHECK-NEXT:    %[[MEAN2:.*]] = torch.aten.div.Scalar %[[V2]], %[[FOUR2]]
+// CHECK-NEXT:    return %[[MEAN1]], %[[MEAN2]], %[[Z]]
+// CHECK-NOT:     lazy_mlir.reduce_grad
+func.func @hybrid(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %s: !torch.vtensor<[3],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>) {
+  %int2 = torch.constant.int 2
+  %int0 = torch.constant.int 0
+  %shards = torch.constant.str "lazy_mlir.shard.0.2"
+  %replicas = torch.constant.str "lazy_mlir.replica.0.2"
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %shards, %int0, %int2, %replicas) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %x = torch.aten.mul.Tensor %s, %s : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
+  %q = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %shards, %int0, %int2, %replicas) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %z = torch.aten.mul.Tensor %x, %x : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
+  return %r, %q, %z : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>
 }

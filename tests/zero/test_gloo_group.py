@@ -1,12 +1,12 @@
 """The traced ZeRO collectives run on a single-thread gloo group (two gloo
-worker threads with collectives in flight race: see zero/gloo_group.py);
+worker threads with collectives in flight race: see zero/groups.py);
 the eager ones take tensors on the device the group's backend works on."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from lazy_mlir.zero.gloo_group import collective_device, collective_group
+from lazy_mlir.zero.groups import collective_device, collective_group
 
 
 def _threads(group) -> int:

@@ -1,5 +1,5 @@
 """A short soak of the 3-rank ZeRO workers: the regression check for the
-gloo race (zero/gloo_group.py) that aborted about one stage-1 run in five.
+gloo race (zero/groups.py) that aborted about one stage-1 run in five.
 The long soak is `tools/zero_soak.py --runs 200` (or `make asan-soak`)."""
 from __future__ import annotations
 

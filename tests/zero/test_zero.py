@@ -2,6 +2,7 @@
 same global batch; a rank that dies; Inductor keeping the passes' order."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -17,13 +18,14 @@ from lazy_mlir.models import gpt_batches, make_adamw, make_gpt
 STEPS, WORLD = 5, 3
 
 
-def _eager_reference(mixed: bool = False):
+def _eager_reference(mixed: bool = False, batch_size: int = CONFIG.batch_size):
     """Losses and final state of plain eager training on the global batch
     (``mixed``: its forward under CPU bfloat16 autocast), and the parameter bytes."""
-    model = make_gpt(CONFIG)
+    config = dataclasses.replace(CONFIG, batch_size=batch_size)
+    model = make_gpt(config)
     optimizer = make_adamw(model)
     losses = []
-    for x, y in gpt_batches(CONFIG, steps=STEPS):
+    for x, y in gpt_batches(config, steps=STEPS):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
             loss = model(x, y)
         loss.backward()
@@ -120,6 +122,46 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path, reference)
         kind = "reduce_scatter" if stage == 2 else "all_to_all"
         assert param_bytes * 0.9 <= moved[kind] <= param_bytes * 1.2, moved
         assert set(moved) == {"all_gather", kind, "all_reduce"} - ({"all_reduce"} if stage == 3 else set()), moved
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hybrid_sharding_matches_single_process(stage, tmp_path):
+    """Hybrid sharding (HSDP) on a 2x2 mesh of 4 gloo ranks: the state
+    sharded over shard groups {0, 1} and {2, 3}, replicated across them;
+    eager's losses and state on the global batch. Per rank half the
+    unsharded state; gathers move whole parameters inside a shard group
+    only, each gradient is reduced inside it (an all-to-all on gloo) and its
+    half-size shard all-reduced across the replicas. The shard groups trace
+    the same steps (the groups' names are the same on every rank): a stage-3
+    step is compiled once for all 4 ranks, a stage-1/2 step once per rank of
+    a shard group. Stage 3's rank 0 simulated alone on the fake process
+    group gives the same memory and bytes."""
+    world, rows = 4, 8
+    ref_losses, ref_state, param_bytes = reference = _eager_reference(batch_size=rows)
+    results = _train(stage, tmp_path, world=world, extra=["--shard-group-size", "2", "--batch-size", str(rows)])
+    for result in results:
+        _assert_trained_like(result, reference)
+    memory = results[0]["memory"]
+    assert (memory["world_size"], memory["replicas"]) == (2, 2)
+    assert memory["optimizer"] <= 1.05 * 2 * param_bytes / 2
+    if stage == 3:
+        assert memory["total"] <= 1.05 * memory["unsharded_total"] / 2
+    moved = {k: v / STEPS for k, v in results[0]["metrics"]["collective_bytes"].items()}
+    gathered = moved["all_gather"] / param_bytes
+    assert 1.7 <= gathered <= 2.3 if stage == 3 else 0.9 <= gathered <= 1.2
+    # an all-reduce counts its input twice: stage 1 all-reduces whole
+    # gradients in the group (2 Psi), then their halves across replicas (Psi)
+    across = moved["all_reduce"] / param_bytes
+    assert 2.7 <= across <= 3.3 if stage == 1 else 0.9 <= across <= 1.2, moved
+    compiled_in_steps = [key for r in results for key in r["group_keys"]["compiled_in_steps"]]
+    assert len(compiled_in_steps) <= (1 if stage == 3 else 2), compiled_in_steps
+    if stage == 3:
+        (tmp_path / "simulated").mkdir()
+        simulated = _train(3, tmp_path / "simulated", world=1, extra=[
+            "--simulate-world", str(world), "--shard-group-size", "2", "--batch-size", str(rows),
+            "--reduce-scatter", "all_to_all"])[0]
+        assert simulated["memory"] == memory
+        assert simulated["metrics"]["collective_bytes"] == results[0]["metrics"]["collective_bytes"]
 
 
 def _assert_simulated_alike(real: dict, tmp_path, extra) -> None:

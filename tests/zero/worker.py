@@ -11,6 +11,7 @@ state are saved next to the uninterrupted ones."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
@@ -45,9 +46,12 @@ def main() -> None:
     # rank 0 of this many ranks, alone, on torch's fake process group (its
     # collectives move nothing: benchmarks/zero_simulation.py); no torchrun
     parser.add_argument("--simulate-world", type=int, default=0)
+    parser.add_argument("--shard-group-size", type=int, default=None, help="hybrid sharding: ranks a shard group")
+    parser.add_argument("--batch-size", type=int, default=CONFIG.batch_size, help="the global batch's rows")
     parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
     parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
     args = parser.parse_args()
+    config = dataclasses.replace(CONFIG, batch_size=args.batch_size)
     torch.set_num_threads(1)
     if args.backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -66,15 +70,15 @@ def main() -> None:
                                            prefetch_bytes=args.prefetch_bytes,
                                            persistence_threshold=args.persistence_threshold,
                                            reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
-                                           bucket_bytes=args.bucket_bytes)
+                                           bucket_bytes=args.bucket_bytes, shard_group_size=args.shard_group_size)
         if args.capture:  # after initialize: its forward pre-hook gathers the parameters the record reads
             lazy_mlir.capture(model)
         return model, optimizer
 
-    model, optimizer = setup(make_gpt(CONFIG))
-    rows = CONFIG.batch_size // world
+    model, optimizer = setup(make_gpt(config))
+    rows = config.batch_size // world
     batches = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
-               for x, y in gpt_batches(CONFIG, steps=args.steps)]
+               for x, y in gpt_batches(config, steps=args.steps)]
     checkpoint = f"{args.out}.ckpt.rank{rank}"
     losses, memory, checkpoint_executions = [], None, 0
     lazy_mlir.metrics.reset()
@@ -108,7 +112,7 @@ def main() -> None:
               "time": time.time(), "group_keys": group_keys}
     if args.resume_at >= 0:
         saved = torch.load(checkpoint)
-        fresh = make_gpt(CONFIG, seed=1)  # other initial weights: only the checkpoint can make it match
+        fresh = make_gpt(config, seed=1)  # other initial weights: only the checkpoint can make it match
         fresh.load_state_dict(saved["model"])
         model, optimizer = setup(fresh)
         optimizer.load_state_dict(saved["optimizer"])

@@ -21,7 +21,7 @@ from ..observe import metrics
 from ..trace import fused_optimizer
 from . import ops  # noqa: F401 - registers the marker ops
 from .engine import ZeroEngine
-from .gloo_group import collective_device
+from .groups import collective_device
 
 __all__ = ["initialize", "full_state_dict", "memory_report", "comm_stats", "reset_comm_stats", "ZeroOptimizer"]
 
@@ -89,7 +89,7 @@ class ZeroOptimizer:
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
                prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None,
-               bucket_bytes: int = 4 << 20, reduce_scatter: str = "auto"):
+               bucket_bytes: int = 4 << 20, reduce_scatter: str = "auto", shard_group_size: int | None = None):
     """Shard ``model``'s parameters, gradients and ``optimizer``'s state over
     ``process_group`` (default: the world) for ZeRO ``stage`` 1, 2 or 3.
 
@@ -105,7 +105,12 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     gradient shards are reduced (stages 2-3): ``"reduce_scatter_tensor"``,
     or ``"all_to_all"`` (each rank receives every rank's copy of its shard
     and adds them up: gloo's reduce-scatter is an all-reduce, twice the
-    bytes); ``"auto"`` picks ``all_to_all`` on gloo.
+    bytes); ``"auto"`` picks ``all_to_all`` on gloo;
+    ``shard_group_size`` (hybrid sharding, FSDP2's HSDP): shard over blocks
+    of this many consecutive ranks of the group (a machine's, under
+    torchrun) and replicate across the blocks: gathers stay inside a block,
+    gradients are reduce-scattered inside it and their shards all-reduced
+    across blocks; the default shards over the whole group.
     Returns ``(model, optimizer)``: the same model, and an optimizer of
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
@@ -123,7 +128,8 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
         if any(optimizer.state.values()):
             raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
         engine = ZeroEngine(model, stage, group, prefetch_bytes, persistence_threshold,
-                            prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter)
+                            prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter,
+                            shard_group_size)
         if any(id(p) not in engine.trainable_ids for g in optimizer.param_groups for p in g["params"]):
             raise ValueError("lazy_mlir.zero.initialize: the optimizer holds a tensor that is not a "
                              "trainable parameter of the model")

@@ -17,6 +17,9 @@ stage 3  ``shard`` is the only storage. A forward pre-hook sets
          ``p``; the inner step updates shards in place.
 Parameters at or below the persistence threshold stay whole on every rank;
 their gradients are all-reduced and the inner optimizer updates them as is.
+Hybrid sharding: "the group" above is this rank's shard group, one of
+several replicas; ``reduce_grad`` also names the replica group, over which
+its lowering all-reduces the group's result.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch.distributed as dist
 
 from .. import backend, config
 from . import ops
-from .gloo_group import collective_device, collective_group
+from .groups import collective_device, collective_group, hybrid_groups
 
 
 @dataclasses.dataclass
@@ -57,7 +60,7 @@ class ZeroEngine:
     ``commit()``; ``detach()`` undoes them."""
 
     def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes,
-                 bucket_bytes, reduce_scatter="auto"):
+                 bucket_bytes, reduce_scatter="auto", shard_group_size=None):
         if stage not in (1, 2, 3):
             raise ValueError(f"lazy_mlir.zero: stage must be 1, 2 or 3, got {stage!r}")
         if reduce_scatter not in ("auto", "all_to_all", "reduce_scatter_tensor"):
@@ -66,15 +69,31 @@ class ZeroEngine:
         if not dist.is_initialized():
             raise RuntimeError("lazy_mlir.zero: call torch.distributed.init_process_group first (run under torchrun)")
         self.stage = stage
-        self.group = process_group or dist.group.WORLD
-        self.group_name: str | None = None  # set by shard(): creating it is a collective
-        self.world = dist.get_world_size(self.group)
-        self.rank = dist.get_rank(self.group)
-        self.device = collective_device(self.group)  # of the tensors this engine's eager collectives take
+        self.process_group = process_group or dist.group.WORLD  # every rank training this model
+        whole = dist.get_world_size(self.process_group)
+        size = whole if shard_group_size is None else shard_group_size
+        if not isinstance(size, int) or size < 1 or whole % size:
+            raise ValueError(f"lazy_mlir.zero: shard_group_size must divide the group's {whole} ranks, "
+                             f"got {shard_group_size!r}")
+        # Hybrid sharding: the group's ranks in consecutive blocks of `size`
+        # (a machine's ranks, under torchrun); each block shards the state
+        # over its ranks, the blocks replicate it.
+        index = dist.get_rank(self.process_group)
+        self.world, self.rank = size, index % size      # the shard group's size, this rank in it
+        self.replicas = whole // size
+        global_ranks = dist.get_process_group_ranks(self.process_group)
+        block = index - self.rank
+        self._shard_ranks = global_ranks[block:block + size]
+        self._replica_ranks = global_ranks[self.rank::size]
+        self.group: dist.ProcessGroup | None = None  # the shard group; set by shard(): creating it is a collective
+        self.group_name: str | None = None  # of the group the traced collectives run on
+        self.replica_group_name = ""        # with replicas: of the group of this shard's holders
+        self.device = collective_device(self.process_group)  # of the tensors eager collectives take
         # gloo runs reduce_scatter_tensor as an all-reduce (twice the bytes)
         # plus copies; an all-to-all and a local sum move a reduce-scatter's bytes
         if reduce_scatter == "auto":
-            reduce_scatter = "all_to_all" if dist.get_backend(self.group) == "gloo" else "reduce_scatter_tensor"
+            gloo = dist.get_backend(self.process_group) == "gloo"
+            reduce_scatter = "all_to_all" if gloo else "reduce_scatter_tensor"
         self.reduce_scatter = reduce_scatter
         self.prefetch_bytes = prefetch_bytes
         self.reuse_bytes = reuse_bytes
@@ -99,8 +118,13 @@ class ZeroEngine:
     # ------------------------------------------------------------ set-up
     def shard(self) -> None:
         """Every rank's parameters from rank 0's values, and this rank's shards."""
-        # the group the traced collectives name: gloo_group says why not always this one
-        self.group_name = collective_group(self.group).group_name
+        if self.replicas == 1:
+            self.group = self.process_group
+            # the group the traced collectives name: groups.py says why not always this one
+            self.group_name = collective_group(self.group).group_name
+        else:
+            self.group, self.group_name, self.replica_group_name = hybrid_groups(
+                self.process_group, self._shard_ranks, self._replica_ranks)
         self.managed = [self._manage(name, p) for name, p in self._trainable]
         self.by_param = {id(m.param): m for m in self.managed}
 
@@ -140,7 +164,7 @@ class ZeroEngine:
 
     def _broadcast(self, p: torch.Tensor) -> torch.Tensor:
         full = p.detach().cpu().to(self.device).contiguous()
-        dist.broadcast(full, src=dist.get_global_rank(self.group, 0), group=self.group)
+        dist.broadcast(full, src=dist.get_global_rank(self.process_group, 0), group=self.process_group)
         return full
 
     def _placeholder(self, like: torch.Tensor) -> torch.Tensor:
@@ -162,7 +186,8 @@ class ZeroEngine:
         # every rank's step is the same group, compiled once per job
         # (compile_cache.exclusive).
         shard_rank = -1 if not m.sharded else self.rank if self.stage == 1 else 0
-        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, shard_rank)
+        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, shard_rank, self.replicas,
+                                               self.replica_group_name)
 
     def _begin_step(self, module, args):
         self._use_pipeline()
@@ -258,4 +283,5 @@ class ZeroEngine:
                     scale = m.numel / value.numel() if m is not None and m.sharded and value.dim() else 1
                     full_state += int(nbytes(value) * scale)
         return {"params": params, "grads": grads, "optimizer": state, "total": params + grads + state,
-                "unsharded_total": 2 * full_params + full_state, "world_size": self.world}
+                "unsharded_total": 2 * full_params + full_state, "world_size": self.world,
+                "replicas": self.replicas}

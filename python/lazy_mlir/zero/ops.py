@@ -3,9 +3,13 @@
 ``lazy_mlir::unshard(shard, shape, group_size, group_name)``
     The full tensor of logical ``shape`` whose flat, zero-padded data is split
     in ``group_size`` equal shards over the group; ``shard`` is this rank's.
-``lazy_mlir::reduce_grad(grad, group_size, group_name, shard_rank)``
+``lazy_mlir::reduce_grad(grad, group_size, group_name, shard_rank, replicas, replica_group)``
     The mean of ``grad`` over the group's ranks (data parallelism): all of it
     when ``shard_rank`` is -1, else only this rank's flat padded shard.
+    With ``replicas`` > 1 (hybrid sharding) the group is one of ``replicas``
+    groups that each hold all the shards, and the mean is over all of their
+    ranks: the group's result is then averaged over ``replica_group`` (the
+    ranks holding the same shard in each group).
     ``shard_rank`` >= 0 is this rank's number where the lowering slices an
     all-reduce (ZeRO-1); stages 2-3 trace 0 on every rank (their
     collectives deliver each rank its own shard), so ZeRO-3's step graphs
@@ -47,16 +51,20 @@ def _(shard, shape, group_size, group_name):
 
 
 @torch.library.custom_op("lazy_mlir::reduce_grad", mutates_args=(), device_types=("cpu", "cuda"))
-def reduce_grad(grad: torch.Tensor, group_size: int, group_name: str, shard_rank: int) -> torch.Tensor:
+def reduce_grad(grad: torch.Tensor, group_size: int, group_name: str, shard_rank: int, replicas: int,
+                replica_group: str) -> torch.Tensor:
     if shard_rank < 0:
         total = _c10d.wait_tensor(_c10d.all_reduce(grad.contiguous(), "sum", group_name))
-        return total / group_size
-    flat = flat_padded(grad, group_size)
-    return _c10d.wait_tensor(_c10d.reduce_scatter_tensor(flat, "sum", group_size, group_name)) / group_size
+    else:
+        flat = flat_padded(grad, group_size)
+        total = _c10d.wait_tensor(_c10d.reduce_scatter_tensor(flat, "sum", group_size, group_name))
+    if replicas > 1:
+        total = _c10d.wait_tensor(_c10d.all_reduce(total, "sum", replica_group))
+    return total / (group_size * replicas)
 
 
 @reduce_grad.register_fake
-def _(grad, group_size, group_name, shard_rank):
+def _(grad, group_size, group_name, shard_rank, replicas, replica_group):
     if shard_rank < 0:
         return torch.empty_like(grad)
     return grad.new_empty(shard_size(grad.numel(), group_size))

@@ -1,4 +1,4 @@
-"""The process group a ZeRO step's collectives run on.
+"""The process groups a ZeRO step's collectives run on.
 
 gloo runs a group's asynchronous collectives on a pool of worker threads (2
 by default), so two collectives can be in flight in gloo at once. A compiled
@@ -21,6 +21,7 @@ import datetime
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as c10d
 
 BACKEND = "lazy_mlir_gloo"  # gloo with a single worker thread
 
@@ -74,4 +75,41 @@ def collective_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     return serial
 
 
+def hybrid_groups(parent: dist.ProcessGroup, shard_ranks: list[int], replica_ranks: list[int]
+                  ) -> tuple[dist.ProcessGroup, str, str]:
+    """For hybrid sharding: this rank's shard group (``shard_ranks``, global
+    ranks), and the names its traced collectives give it and this rank's
+    replica group (``replica_ranks``: the ranks holding the same shard).
+    The names are the same on every rank (``lazy_mlir.shard.<parent>.<size>``,
+    ``lazy_mlir.replica...``: aliases in torch's registry of groups, which
+    functional collectives look names up in), so every rank traces the same
+    step and a job compiles it once, as without replicas. On gloo, groups
+    with a single worker thread (see above). Collective over each group's
+    ranks only: every rank makes its shard group, then its replica group."""
+    backend = dist.get_backend(parent)
+    options: dict = {"backend": backend, "use_local_synchronization": True}
+    if backend == "gloo":
+        _register_backend()
+        options.update(backend=BACKEND, timeout=parent._get_backend(torch.device("cpu")).options._timeout)
+    registered = {n: pg for pg, n in dist.distributed_c10d._world.pg_names.items()}
+    made = []
+    for kind, ranks in (("shard", shard_ranks), ("replica", replica_ranks)):
+        alias = f"lazy_mlir.{kind}.{parent.group_name}.{len(shard_ranks)}"
+        key = (alias, tuple(ranks))
+        # one per alias: a second engine (a model set up again) traces the
+        # graphs the first compiled; a group destroyed since is made again
+        group = registered.get(_hybrid_group_names.get(key))
+        if group is None:
+            group = dist.new_group(ranks=ranks, **options)
+            _hybrid_group_names[key] = group.group_name
+            try:
+                c10d._unregister_process_group(alias)  # one of a destroyed world
+            except Exception:  # noqa: BLE001 - none registered
+                pass
+            c10d._register_process_group(alias, group)
+        made.append((group, alias))
+    return made[0][0], made[0][1], made[1][1]
+
+
+_hybrid_group_names: dict = {}  # (alias, ranks) -> the name torch gave the group
 _serial_group_names: dict = {}  # (ranks, timeout) -> the name of the serial group made for them
