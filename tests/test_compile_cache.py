@@ -368,13 +368,36 @@ def test_a_warning_raised_as_an_error_is_not_remembered_on_disk(lazy_level, monk
 
 def test_layout_guesses_keep_the_latest(monkeypatch):
     """Deferred compiles' layout guesses (executables._layout_guesses) are
-    bounded: the oldest go first, and one stored again counts as new."""
+    bounded by memory_cache_entries: the oldest go first, and one stored
+    again counts as new."""
+    import dataclasses
+
     from lazy_mlir.run import executables
     monkeypatch.setattr(executables, "_layout_guesses", {})
-    monkeypatch.setattr(executables, "_MAX_LAYOUT_GUESSES", 3)
+    monkeypatch.setattr(config, "current", dataclasses.replace(config.current, memory_cache_entries=3))
     for i in range(5):
         executables._remember_layout_guess((str(i), "cfg"), (i,))
         if i == 2:
             executables._remember_layout_guess(("0", "cfg"), ("again",))
     assert list(executables._layout_guesses) == [("0", "cfg"), ("3", "cfg"), ("4", "cfg")]
     assert executables._layout_guesses[("0", "cfg")] == ("again",)
+
+
+def test_groups_in_memory_keep_the_latest_used(monkeypatch):
+    """The in-memory variants are bounded by memory_cache_entries: a lookup
+    makes a group the newest, a store past the bound drops the oldest."""
+    import dataclasses
+
+    from lazy_mlir.lowering.lowered_group import LoweredGroup
+    cfg = dataclasses.replace(config.current, memory_cache_entries=2, cache=False)
+    monkeypatch.setattr(config, "current", cfg)
+    monkeypatch.setattr(compile_cache, "_entries", compile_cache._Recent())
+    groups = {k: LoweredGroup(lambda inputs: inputs, []) for k in ("a", "b", "c")}
+    compile_cache.store("a", groups["a"], cfg)
+    compile_cache.store("b", groups["b"], cfg)
+    assert compile_cache.lookup("a", [], "g", cfg) is groups["a"]  # now newer than b
+    compile_cache.store("c", groups["c"], cfg)
+    assert compile_cache.memory_entries() == 2
+    assert compile_cache.lookup("b", [], "g", cfg) is None
+    assert compile_cache.lookup("a", [], "g", cfg) is groups["a"]
+    assert compile_cache.lookup("c", [], "g", cfg) is groups["c"]

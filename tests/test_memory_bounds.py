@@ -52,3 +52,67 @@ def test_the_memory_report_counts_the_models_and_optimizers_bytes(lazy_level):
     assert s["step_buffers_peak"] > 0 and s["heap_in_use"] > s["parameters"] + s["optimizer_state"]
     text = lazy_mlir.memory.report(model, opt)
     assert "optimizer state" in text and "resident at the peak" in text
+
+
+_BOUNDED_CACHES = r"""
+import gc, json, sys, weakref
+import torch
+import lazy_mlir
+from lazy_mlir.cache import compile_cache
+from lazy_mlir.native import _C
+from lazy_mlir.run import executables
+
+lazy_mlir.init(memory_cache_entries=2, dynamic="static", progress=False)
+made = []
+original = executables.GroupExecutable.__init__
+def counted(self, *args, **kwargs):
+    made.append(weakref.ref(self))
+    original(self, *args, **kwargs)
+executables.GroupExecutable.__init__ = counted
+
+def train(model, batch, device):
+    torch.manual_seed(batch)
+    x, y = torch.randn(batch, 8), torch.randn(batch, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+    loss.backward()
+    opt.step()
+    if device == "lazy":
+        torch._lazy.mark_step()
+    return loss.item()
+
+torch.manual_seed(0)
+eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+lazy = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+lazy.load_state_dict(eager.state_dict())
+lazy = lazy.to("lazy")
+losses = []
+for batch in [1, 2, 3, 4, 5, 6, 1]:  # every size a new graph; the last one's was evicted
+    losses.append((train(eager, batch, "cpu"), train(lazy, batch, "lazy")))
+gc.collect()
+print(json.dumps({"losses": losses, "graphs": _C.computation_cache_entries(),
+                  "groups": compile_cache.memory_entries(), "made": len(made),
+                  "alive": sum(ref() is not None for ref in made),
+                  "compiled_calls": lazy_mlir.metrics.snapshot()["compiled_group_calls"]}))
+"""
+
+
+def test_compiled_graphs_in_memory_are_bounded(tmp_path):
+    """memory_cache_entries bounds what a loop that meets new shapes for
+    ever keeps compiled in memory: LTC's step graphs and lazy_mlir's groups
+    (the code of the ones evicted is freed), and a size met again after its
+    graph left memory trains as eager does. In a process of its own: LTC
+    sizes its cache at the first step."""
+    import json
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _BOUNDED_CACHES], capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "LAZY_MLIR_DEVICE": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for eager, lazy in out["losses"]:
+        assert lazy == pytest.approx(eager, rel=1e-5, abs=1e-6)
+    assert out["compiled_calls"] >= 7  # every step ran generated code
+    assert out["graphs"] <= 2 and out["groups"] <= 2, out
+    # 7 training graphs (and the loss reads) made executables; only those of the graphs kept live on
+    assert out["made"] >= 7 and out["alive"] <= 2 * 2, out

@@ -134,6 +134,14 @@ PYBIND11_MODULE(_C, m) {
       "clear_computation_cache", [] { torch::lazy::LazyGraphExecutor::Get()->ClearComputationCache(); },
       "Forget LTC's cached computations: a graph seen before is looked up and compiled as in a new process "
       "(tests that clear lazy_mlir's own state too).");
+  m.def(
+      "bound_computation_cache", [](int entries) { FLAGS_torch_lazy_compilation_cache_size = entries; },
+      py::arg("entries"),
+      "The most step graphs LTC keeps compiled (its LRU computation cache). LTC sizes the cache from this "
+      "flag when it makes it, at the first sync: later calls change nothing.");
+  m.def(
+      "computation_cache_entries", [] { return torch::lazy::LazyGraphExecutor::Get()->GetComputationCache()->Numel(); },
+      "How many step graphs LTC keeps compiled now.");
   m.def("group_tensors_unfusable", &lazy_mlir::groupTensorsUnfusable, pybind11::arg("params"),
         pybind11::arg("state_steps"),
         "Why a fused optimizer group's tensors keep torch's path, or None (see optimizer_checks.h).");

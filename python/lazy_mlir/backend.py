@@ -62,6 +62,7 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     _C.set_native_calls(cfg.native_calls)
     _C.set_step_memory(cfg.step_memory)
+    _C.bound_computation_cache(cfg.memory_cache_entries)  # taken at the process's first step
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg
 

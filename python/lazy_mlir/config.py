@@ -40,6 +40,14 @@ class Config:
     cache: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CACHE", True))
     cache_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("LAZY_MLIR_CACHE_DIR") or _default_cache_dir())
     cache_max_mb: int = dataclasses.field(default_factory=lambda: int(os.environ.get("LAZY_MLIR_CACHE_MAX_MB", "2048")))
+    # How many compiled step graphs (LTC's computation cache) and compiled
+    # groups (lazy_mlir's, served across graphs) this process keeps in memory,
+    # each the most recently used: a loop that meets new shapes or new code
+    # for ever holds no more (an evicted one is loaded again from the disk
+    # cache, or compiled). LTC's part is fixed for the process at its first
+    # step. LAZY_MLIR_MEMORY_CACHE_ENTRIES sets it.
+    memory_cache_entries: int = dataclasses.field(
+        default_factory=lambda: int(os.environ.get("LAZY_MLIR_MEMORY_CACHE_ENTRIES", "256")))
     # Also store Inductor's compiled artefact (else only the exported FX graph,
     # which Inductor's own cache compiles again in the next process).
     cache_inductor: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_CACHE_INDUCTOR", True))
@@ -145,7 +153,7 @@ class Config:
 
     # Fields that do not change compiled code (so not part of key()).
     _NOT_IN_KEY = ("dump_dir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
-                   "cache_max_mb", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
+                   "cache_max_mb", "memory_cache_entries", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
                    "compile_workers", "isolated_compile", "auto_prepare", "capture", "fuse_optimizer",
                    "native_calls", "cuda_graphs", "step_memory", "layer_groups", "moe_eager_grads", "check")
 
@@ -191,6 +199,8 @@ class Config:
             raise ValueError(f"lazy_mlir: compile_workers must be 0 or more, got {self.compile_workers!r}")
         if self.cache_max_mb <= 0:
             raise ValueError(f"lazy_mlir: cache_max_mb must be positive, got {self.cache_max_mb!r}")
+        if self.memory_cache_entries <= 0:
+            raise ValueError(f"lazy_mlir: memory_cache_entries must be positive, got {self.memory_cache_entries!r}")
         import mlir_passes
         if mlir_passes.light_pipeline_id(self.pipeline) is None:  # else every flag names a pass module
             mlir_passes.parse_pipeline(self.pipeline)  # unknown passes fail here, not at first compile

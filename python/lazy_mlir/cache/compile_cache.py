@@ -15,6 +15,7 @@ whose checksum fails.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import math
@@ -32,9 +33,35 @@ from .disk_cache import DiskCache
 
 load_group = lowering_function("load_group")
 
-_entries: dict[str, list[LoweredGroup]] = {}  # key -> variants differing in guard values
-_failures: dict[str, str] = {}  # key -> why its lowering failed (also on disk)
-_adaptations: dict[str, tuple[str, list]] = {}  # key -> (code's key, moves): store_adaptation
+class _Recent(collections.OrderedDict):
+    """A dict of the ``Config.memory_cache_entries`` keys stored or looked up
+    last: what a loop no longer uses leaves memory (the disk keeps it)."""
+
+    def get(self, key, default=None):
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > config.current.memory_cache_entries:
+            self.popitem(last=False)
+
+
+_entries: _Recent = _Recent()  # key -> [LoweredGroup]: variants differing in guard values
+_failures: _Recent = _Recent()  # key -> why its lowering failed (also on disk)
+_adaptations: _Recent = _Recent()  # key -> (code's key, moves): store_adaptation
+
+
+def _add_variant(key: str, lowered: LoweredGroup) -> None:
+    _entries[key] = [*_entries.get(key, ()), lowered]
+
+
+def memory_entries() -> int:
+    """How many groups' compiled variants this process keeps (bounded by ``Config.memory_cache_entries``)."""
+    return len(_entries)
 
 
 def disk_of(cfg: config.Config) -> DiskCache | None:
@@ -74,7 +101,7 @@ def lookup(key: str, inputs: list[torch.Tensor], name: str, cfg: config.Config,
     disk = disk_of(cfg)
     lowered = _load(disk, key, inputs, name) if disk is not None else None
     if lowered is not None:
-        _entries.setdefault(key, []).append(lowered)
+        _add_variant(key, lowered)
         metrics.count_cache("disk_hit")
         return lowered
     if count_miss:
@@ -129,7 +156,7 @@ def _load(disk: DiskCache, key: str, inputs: list[torch.Tensor], name: str) -> L
 
 
 def store(key: str, lowered: LoweredGroup, cfg: config.Config) -> None:
-    _entries.setdefault(key, []).append(lowered)
+    _add_variant(key, lowered)
     artifacts, lowered.artifacts = lowered.artifacts, None  # on disk from now on, not in memory
     disk = disk_of(cfg)
     if disk is None or artifacts is None:
@@ -233,13 +260,14 @@ def store_adaptation(key: str, code_key: str, moves: list[tuple[int, tuple]], cf
 
 def adaptation(key: str, cfg: config.Config) -> tuple[str, list] | None:
     """(code's key, moves) stored for inputs at ``key`` by store_adaptation, or None."""
-    if key not in _adaptations:
+    known = _adaptations.get(key)
+    if known is None:
         stored = _read_record(_adaptation_key(key), "adaptation", tuple, cfg)
         if stored is None:
             return None
         code_key, moves = stored
-        _adaptations[key] = code_key, [(int(i), tuple(strides)) for i, strides in moves]
-    return _adaptations[key]
+        known = _adaptations[key] = code_key, [(int(i), tuple(strides)) for i, strides in moves]
+    return known
 
 
 def _failure_key(key: str) -> str:
@@ -272,12 +300,12 @@ def discard_code(key: str, lowered: LoweredGroup, reason: str, cfg: config.Confi
 
 def known_failure(key: str, cfg: config.Config) -> str | None:
     """Why the group at ``key`` failed before, or None."""
-    if key not in _failures:
+    reason = _failures.get(key)
+    if reason is None:
         reason = _read_record(_failure_key(key), "failed", str, cfg)
-        if reason is None:
-            return None
-        _failures[key] = reason
-    return _failures[key]
+        if reason is not None:
+            _failures[key] = reason
+    return reason
 
 
 def forget_failures() -> None:

@@ -225,13 +225,13 @@ class _Compiling:
 # groups: a running loss's first add, graph_clusterer.h) adapts as well,
 # instead of compiling for the layouts generated code gives.
 _layout_guesses: dict[tuple[str, str], tuple[list, "_Compiling", object, str]] = {}
-_MAX_LAYOUT_GUESSES = 256  # the latest ones: a guess serves the graph after its compile started
+# the latest Config.memory_cache_entries: a guess serves the graph after its compile started
 
 
 def _remember_layout_guess(key: tuple[str, str], guess: tuple) -> None:
     _layout_guesses.pop(key, None)  # re-inserted: the newest
     _layout_guesses[key] = guess
-    while len(_layout_guesses) > _MAX_LAYOUT_GUESSES:
+    while len(_layout_guesses) > config.current.memory_cache_entries:
         del _layout_guesses[next(iter(_layout_guesses))]
 
 
