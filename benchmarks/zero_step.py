@@ -9,7 +9,11 @@ mode="reduce-overhead" (CUDA graphs, ``fsdp2_compiled_reduce_overhead``; asked
 for on cpu it is FAILED), lazy_mlir ZeRO stages 1, 2 and 3, ZeRO-3 with the
 model under ``lazy_mlir.capture`` (``zero3_capture``: like ``torch.compile(model)``, the
 user's statement that the forward reads nothing else that changes; forward
-and backward replayed instead of traced op by op), and DeepSpeed ZeRO-3, eager and with
+and backward replayed instead of traced op by op), ZeRO-3 with its schedule
+planned from measurements under ``--memory-budget`` (``zero3_planned``: its
+first steps, untimed, measure the static schedule and a plan; the table
+says what was chosen, and its step time over zero3's, paired round by
+round), and DeepSpeed ZeRO-3, eager and with
 DeepCompile (CUDA only), when DeepSpeed is installed. Each rank
 trains on its slice of the global batch from the same initial weights. Prints
 a table (rank 0) and writes JSON: median ms/step, per-rank bytes of
@@ -42,13 +46,15 @@ from harness import (SPLIT, StepSplit, best_compile, best_line, check_lazy, comp
 
 # FSDP2 under torch.compile, in each mode (harness.COMPILE_MODES)
 FSDP2_COMPILED = in_modes("fsdp2_compiled")
-VARIANTS = ["fsdp2", *FSDP2_COMPILED, "zero1", "zero2", "zero3", "zero3_capture", "deepspeed", "deepcompile"]
+VARIANTS = ["fsdp2", *FSDP2_COMPILED, "zero1", "zero2", "zero3", "zero3_capture", "zero3_planned", "deepspeed",
+            "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
 # them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
 # all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
 # reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
 # all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
 THEORY_PSI = {"fsdp2": 3, **dict.fromkeys(FSDP2_COMPILED, 3), "zero1": 3, "zero2": 2, "zero3": 3, "zero3_capture": 3,
+              "zero3_planned": 3,
               "deepspeed": 3, "deepcompile": 3}
 MIB = 2 ** 20
 W = max(map(len, VARIANTS)) + 2  # the variant column
@@ -151,7 +157,8 @@ def _build(variant: str, cfg, args):
     model, opt = zero.initialize(model, opt, stage=int(variant[4]), process_group=None,
                                  prefetch_bytes=args.prefetch_bytes, persistence_threshold=args.persistence_threshold,
                                  reuse_bytes=args.reuse_bytes, bucket_bytes=args.bucket_bytes,
-                                 reduce_scatter=args.reduce_scatter)
+                                 reduce_scatter=args.reduce_scatter,
+                                 memory_budget=args.memory_budget * MIB if variant == "zero3_planned" else None)
     if variant.endswith("_capture"):
         import lazy_mlir
         lazy_mlir.capture(model)
@@ -274,6 +281,11 @@ def worker(args):
                 zero.reset_comm_stats()
                 lazy_mlir.metrics.reset()
             try:
+                if v == "zero3_planned" and round_ == 0:  # untimed: measure, plan, compile, measure, choose
+                    from lazy_mlir.zero.schedule import STEPS
+                    for batch in (batches * 2)[:2 * (STEPS + 1) + 1]:
+                        step(*batch)
+                    runs[v]["schedule"] = lazy_mlir.metrics.snapshot()["zero_schedule"]
                 times, _ = time_steps(timed, batches if v.startswith("zero") else device_batches, args.warmup, split,
                                       at_warmup if split else None)
                 if v.startswith("zero"):
@@ -354,6 +366,16 @@ def report(args, cfg, psi, runs, failed):
             print(f"  {v} step split (ms; benchmarks/harness.py): "
                   + ", ".join(f"{part} {ms:.1f}" for part, ms in r["split_ms"].items()))
     ratios = {}
+    if {"zero3", "zero3_planned"} <= runs.keys():
+        plan = runs["zero3_planned"]["schedule"]
+        rounds = [p / z for p, z in zip(runs["zero3_planned"]["round_ms"], runs["zero3"]["round_ms"])]
+        ratios["zero3_planned_over_zero3"] = statistics.median(rounds)
+        print(f"  zero3_planned / zero3 step time: {ratios['zero3_planned_over_zero3']:.2f}, median of the per-round "
+              f"ratios ({', '.join(f'{r:.2f}' for r in rounds)}; target <= 0.9); its schedule (budget "
+              f"{plan['budget_bytes'] / MIB:.0f} MiB): {plan['chosen']} ({plan['why']}); static "
+              f"{plan['static']['ms']:.1f} ms, peak {plan['static']['peak_bytes'] / MIB:.1f} MiB"
+              + (f"; planned (reuse {plan['planned']['reuse_bytes'] / MIB:.1f} MiB) {plan['planned']['ms']:.1f} ms, "
+                 f"peak {plan['planned']['peak_bytes'] / MIB:.1f} MiB" if "ms" in plan.get("planned", {}) else ""))
     for ours, fsdp in [(z, f) for z in ("zero3", "zero3_capture") for f in ("fsdp2", *FSDP2_COMPILED)]:
         if {ours, fsdp} <= runs.keys():
             # each round runs FSDP2 and ZeRO-3 back to back: their ratio is taken
@@ -387,6 +409,9 @@ def main():
     parser.add_argument("--reuse-bytes", type=int, default=None,
                         help="ZeRO-3: keep a gathered parameter until its next use across at most this many "
                              "bytes of other parameters (default: --prefetch-bytes)")
+    parser.add_argument("--memory-budget", type=int, default=96,
+                        help="zero3_planned: MiB the step's buffers may take at their peak (zero.initialize's "
+                             "memory_budget)")
     parser.add_argument("--bucket-bytes", type=int, default=4 * MIB,
                         help="merge gradient reductions (and gathers started together) up to this size")
     parser.add_argument("--reduce-scatter", default="auto", choices=["auto", "all_to_all", "reduce_scatter_tensor"],

@@ -85,6 +85,11 @@ class StepMemory final : public c10::Allocator {
     peak_ = live_;
   }
 
+  void resetPeak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_;
+  }
+
   std::map<std::string, int64_t> stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     return {{"cached_bytes", static_cast<int64_t>(cached_)},
@@ -204,6 +209,10 @@ void releaseStepMemory() {
   if (StepMemory* memory = g_step_memory.load()) memory->release();
 }
 
+void resetStepMemoryPeak() {
+  if (StepMemory* memory = g_step_memory.load()) memory->resetPeak();
+}
+
 std::map<std::string, int64_t> stepMemoryStats() {
   StepMemory* memory = g_step_memory.load();
   if (memory != nullptr) return memory->stats();
@@ -230,6 +239,8 @@ void bindStepMemory(pybind11::module& m) {
         "Keeps the large CPU buffers compiled groups allocate for the next step (runtime/step_memory.h).");
   m.def("release_step_memory", &releaseStepMemory, "Frees the buffers the step memory keeps.");
   m.def("step_memory_stats", &stepMemoryStats);
+  m.def("reset_step_memory_peak", &resetStepMemoryPeak,
+        "Starts step_memory_stats' peak_bytes again from the bytes live now (a phase's peak, measured apart).");
 }
 
 }  // namespace lazy_mlir

@@ -58,6 +58,9 @@ void releaseStepMemory();
 // counts of hits, misses and evicted blocks are RunStats').
 std::map<std::string, int64_t> stepMemoryStats();
 
+// stepMemoryStats' peak_bytes starts again from the bytes live now.
+void resetStepMemoryPeak();
+
 void bindStepMemory(pybind11::module& m);
 
 }  // namespace lazy_mlir

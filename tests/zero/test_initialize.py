@@ -180,3 +180,21 @@ def test_optimizer_state_round_trip_checks_its_layout(lazy_level, gloo_world):
         wrong.load_state_dict(saved)
     with pytest.raises(ValueError, match="saved with layout"):  # from a group of another size
         restored.load_state_dict({**saved, "zero": {**saved["zero"], "world_size": 2}})
+
+
+def test_a_budget_under_the_static_peak_keeps_the_static_schedule(lazy_level, gloo_world):
+    """A memory budget the static schedule's measured peak already exceeds
+    leaves nothing to plan: no second schedule compiled, the static one
+    kept, the reason in the metrics; and a budget outside stage 3 is an error."""
+    fresh = _lazy_gpt()
+    expected = _train(*zero.initialize(fresh, make_adamw(fresh), stage=3, persistence_threshold=40), steps=6)
+    model = _lazy_gpt()
+    model, optimizer = zero.initialize(model, make_adamw(model), stage=3, persistence_threshold=40, memory_budget=1)
+    pipeline = config.current.pipeline
+    torch.testing.assert_close(_train(model, optimizer, steps=6), expected, rtol=0, atol=0)
+    plan = lazy_mlir.metrics.snapshot()["zero_schedule"]
+    assert plan["chosen"] == "static" and "over the budget" in plan["why"] and "planned" not in plan, plan
+    assert plan["static"]["peak_bytes"] > 1 and config.current.pipeline == pipeline
+    with pytest.raises(ValueError, match="memory_budget plans stage 3's gathers"):
+        other = _lazy_gpt()
+        zero.initialize(other, make_adamw(other), stage=2, memory_budget=1 << 30)

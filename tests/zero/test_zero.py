@@ -18,14 +18,14 @@ from lazy_mlir.models import gpt_batches, make_adamw, make_gpt
 STEPS, WORLD = 5, 3
 
 
-def _eager_reference(mixed: bool = False, batch_size: int = CONFIG.batch_size):
+def _eager_reference(mixed: bool = False, batch_size: int = CONFIG.batch_size, steps: int = STEPS):
     """Losses and final state of plain eager training on the global batch
     (``mixed``: its forward under CPU bfloat16 autocast), and the parameter bytes."""
     config = dataclasses.replace(CONFIG, batch_size=batch_size)
     model = make_gpt(config)
     optimizer = make_adamw(model)
     losses = []
-    for x, y in gpt_batches(config, steps=STEPS):
+    for x, y in gpt_batches(config, steps=steps):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
             loss = model(x, y)
         loss.backward()
@@ -162,6 +162,38 @@ def test_hybrid_sharding_matches_single_process(stage, tmp_path):
             "--reduce-scatter", "all_to_all"])[0]
         assert simulated["memory"] == memory
         assert simulated["metrics"]["collective_bytes"] == results[0]["metrics"]["collective_bytes"]
+
+
+def test_stage3_schedule_planned_from_measurements(tmp_path):
+    """With a memory budget, the first steps measure the static schedule
+    (step time, the step buffers' peak), the headroom keeps parameters
+    gathered from forward into backward (compiled once more), the plan is
+    measured alike and stays only if it is faster within the budget. The
+    switches between schedules change no number: eager's losses and state
+    over the 10 steps; one graph a step; at most the two schedules compiled."""
+    steps, budget = 10, 1 << 30
+    ref_losses, ref_state, param_bytes = _eager_reference(steps=steps)
+    out = str(tmp_path / "planned")
+    codes, outputs, _ = run_ranks(2, ["--stage", "3", "--steps", str(steps), "--out", out,
+                                      "--memory-budget", str(budget)], timeout=900)
+    assert codes == [0, 0], outputs[0][-3000:]
+    for rank in range(2):
+        result = torch.load(f"{out}.rank{rank}")
+        torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=0)
+        for name, value in ref_state.items():
+            torch.testing.assert_close(result["state"][name], value, rtol=1e-5, atol=1e-5, msg=name)
+        metrics = result["metrics"]
+        assert metrics["graph_executions"] == metrics["mark_steps"] == steps and metrics["fallback_count"] == 0
+        assert len(result["group_keys"]["compiled_in_steps"]) <= 2
+        plan = metrics["zero_schedule"]
+        static, planned = plan["static"], plan["planned"]
+        assert static["ms"] > 0 and 0 < static["peak_bytes"] < budget, plan
+        # every parameter kept gathered: the reuse distance covers the whole model twice
+        assert planned["reuse_bytes"] == 2 * sum(p.numel() * 4 for p in make_gpt(CONFIG).parameters()
+                                                 if p.numel() > 40), plan
+        assert planned["peak_bytes"] > 0, plan
+        faster = planned["peak_bytes"] <= budget and planned["ms"] < static["ms"]
+        assert plan["chosen"] == ("planned" if faster else "static"), plan
 
 
 def _assert_simulated_alike(real: dict, tmp_path, extra) -> None:

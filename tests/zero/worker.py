@@ -47,6 +47,7 @@ def main() -> None:
     # collectives move nothing: benchmarks/zero_simulation.py); no torchrun
     parser.add_argument("--simulate-world", type=int, default=0)
     parser.add_argument("--shard-group-size", type=int, default=None, help="hybrid sharding: ranks a shard group")
+    parser.add_argument("--memory-budget", type=int, default=None, help="stage 3: a schedule planned from measurements")
     parser.add_argument("--batch-size", type=int, default=CONFIG.batch_size, help="the global batch's rows")
     parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
     parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
@@ -70,7 +71,8 @@ def main() -> None:
                                            prefetch_bytes=args.prefetch_bytes,
                                            persistence_threshold=args.persistence_threshold,
                                            reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
-                                           bucket_bytes=args.bucket_bytes, shard_group_size=args.shard_group_size)
+                                           bucket_bytes=args.bucket_bytes, shard_group_size=args.shard_group_size,
+                                           memory_budget=args.memory_budget)
         if args.capture:  # after initialize: its forward pre-hook gathers the parameters the record reads
             lazy_mlir.capture(model)
         return model, optimizer
@@ -108,7 +110,7 @@ def main() -> None:
     result = {"losses": global_mean(losses), "state": zero.full_state_dict(model), "memory": memory,
               "metrics": {k: snapshot[k] for k in ("graph_executions", "mark_steps", "fallback_count",
                                                     "groups_fallen_back", "compiled_group_calls", "collective_bytes",
-                                                    "captured_calls", "capture_refused")},
+                                                    "captured_calls", "capture_refused", "zero_schedule")},
               "time": time.time(), "group_keys": group_keys}
     if args.resume_at >= 0:
         saved = torch.load(checkpoint)

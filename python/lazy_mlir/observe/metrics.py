@@ -31,6 +31,7 @@ _stage_runs: collections.Counter = collections.Counter()  # how often each stage
 _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss" / "wait"
 _recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
+_zero_schedule: dict = {}  # zero.schedule's measurements and decision (kept across reset)
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
 _captures: collections.Counter = collections.Counter()  # capture: "replayed" / "recorded" / "refused" calls
 _capture_refusals: dict[str, str] = {}  # module class -> why its forward runs op by op
@@ -161,6 +162,13 @@ def collective_bytes() -> dict[str, int]:
         return dict(_collective_bytes)
 
 
+def record_zero_schedule(report: dict) -> None:
+    """What a profile-guided ZeRO schedule measured and chose (zero/schedule.py)."""
+    with _lock:
+        _zero_schedule.clear()
+        _zero_schedule.update(report)
+
+
 def reset_collective_bytes() -> None:
     with _lock:
         _collective_bytes.clear()
@@ -277,6 +285,8 @@ def snapshot() -> dict:
         # runs in TorchScript while the group's code compiled in the background (not failures)
         "interpreted_group_calls": interpreted_group_calls,
         "collective_bytes": collective_bytes(),
+        # a ZeRO engine's profile-guided schedule (zero.initialize(memory_budget=...)): measured, chosen
+        "zero_schedule": dict(_zero_schedule),
         "group_cache_hits": group_cache.get("hit", 0),
         "group_cache_disk_hits": group_cache.get("disk_hit", 0),
         "group_cache_misses": group_cache.get("miss", 0),

@@ -89,7 +89,8 @@ class ZeroOptimizer:
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
                prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None,
-               bucket_bytes: int = 4 << 20, reduce_scatter: str = "auto", shard_group_size: int | None = None):
+               bucket_bytes: int = 4 << 20, reduce_scatter: str = "auto", shard_group_size: int | None = None,
+               memory_budget: int | None = None):
     """Shard ``model``'s parameters, gradients and ``optimizer``'s state over
     ``process_group`` (default: the world) for ZeRO ``stage`` 1, 2 or 3.
 
@@ -110,7 +111,15 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     of this many consecutive ranks of the group (a machine's, under
     torchrun) and replicate across the blocks: gathers stay inside a block,
     gradients are reduce-scattered inside it and their shards all-reduced
-    across blocks; the default shards over the whole group.
+    across blocks; the default shards over the whole group;
+    ``memory_budget`` (stage 3): bytes the step's buffers may take at their
+    peak (gathered parameters, activations, gradients before their
+    reduction); given, the schedule is planned from measurements
+    (zero/schedule.py): the static one's peak and step time are measured
+    over the first steps, the headroom under the budget keeps more
+    parameters gathered from forward into backward (one compile), and
+    whichever of the two measured faster within the budget stays
+    (``metrics["zero_schedule"]`` says what was measured and chosen).
     Returns ``(model, optimizer)``: the same model, and an optimizer of
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
@@ -129,7 +138,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
             raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
         engine = ZeroEngine(model, stage, group, prefetch_bytes, persistence_threshold,
                             prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter,
-                            shard_group_size)
+                            shard_group_size, memory_budget)
         if any(id(p) not in engine.trainable_ids for g in optimizer.param_groups for p in g["params"]):
             raise ValueError("lazy_mlir.zero.initialize: the optimizer holds a tensor that is not a "
                              "trainable parameter of the model")
@@ -163,6 +172,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
         if not done:
             _roll_back(model, engine, saved_config)
     engine.commit()
+    engine.start_schedule()
     return model, ZeroOptimizer(inner, engine)
 
 
@@ -197,19 +207,8 @@ def _roll_back(model, engine: ZeroEngine | None, saved_config) -> None:
 
 
 def _use_zero_pipeline(engine: ZeroEngine) -> None:
-    """Install lazy_mlir's pipeline with the engine's zero passes (before cse,
-    which merges the constants they add)."""
-    import mlir_passes
-
-    passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline) if not p.name.startswith("zero-")]
-    at = passes.index("cse") if "cse" in passes else len(passes)
-    zero = ["zero-hoist-reduces",
-            f"zero-reduce-grads{{all-reduce={str(engine.stage == 1).lower()},"
-            f"all-to-all={str(engine.stage > 1 and engine.reduce_scatter == 'all_to_all').lower()},"
-            f"bucket-bytes={engine.bucket_bytes}}}",
-            f"zero-insert-gather{{regather={str(engine.stage == 3).lower()},reuse-bytes={engine.reuse_bytes}}}",
-            f"zero-prefetch{{budget-bytes={engine.prefetch_bytes},bucket-bytes={engine.bucket_bytes}}}"]
-    engine.pipeline = ",".join(passes[:at] + zero + passes[at:])
+    """Install lazy_mlir's pipeline with the engine's zero passes."""
+    engine.pipeline = engine.zero_pipeline()
     engine._use_pipeline()
 
 

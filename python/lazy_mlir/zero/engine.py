@@ -31,6 +31,7 @@ import torch.distributed as dist
 from .. import backend, config
 from . import ops
 from .groups import collective_device, collective_group, hybrid_groups
+from .schedule import ProfiledSchedule
 
 
 @dataclasses.dataclass
@@ -60,7 +61,7 @@ class ZeroEngine:
     ``commit()``; ``detach()`` undoes them."""
 
     def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes,
-                 bucket_bytes, reduce_scatter="auto", shard_group_size=None):
+                 bucket_bytes, reduce_scatter="auto", shard_group_size=None, memory_budget=None):
         if stage not in (1, 2, 3):
             raise ValueError(f"lazy_mlir.zero: stage must be 1, 2 or 3, got {stage!r}")
         if reduce_scatter not in ("auto", "all_to_all", "reduce_scatter_tensor"):
@@ -68,6 +69,11 @@ class ZeroEngine:
                              f"'reduce_scatter_tensor', got {reduce_scatter!r}")
         if not dist.is_initialized():
             raise RuntimeError("lazy_mlir.zero: call torch.distributed.init_process_group first (run under torchrun)")
+        if memory_budget is not None and (stage != 3 or not isinstance(memory_budget, int) or memory_budget <= 0):
+            raise ValueError("lazy_mlir.zero: memory_budget plans stage 3's gathers: a positive number of bytes "
+                             f"with stage=3, got {memory_budget!r} with stage={stage}")
+        self.memory_budget = memory_budget
+        self.schedule: ProfiledSchedule | None = None  # with a memory_budget, from start_schedule()
         self.stage = stage
         self.process_group = process_group or dist.group.WORLD  # every rank training this model
         whole = dist.get_world_size(self.process_group)
@@ -148,6 +154,31 @@ class ZeroEngine:
     def commit(self) -> None:
         self._undo.clear()  # it holds the parameters' old data
 
+    def start_schedule(self) -> None:
+        """With a memory_budget: measure the static schedule from the next step on (schedule.py)."""
+        if self.memory_budget is not None:
+            param_bytes = sum(m.numel * m.param.element_size() for m in self.managed if m.sharded)
+            self.schedule = ProfiledSchedule(self, self.memory_budget, param_bytes)
+
+    def zero_pipeline(self, reuse_bytes: int | None = None, prefetch_bytes: int | None = None) -> str:
+        """lazy_mlir's pipeline with this engine's zero passes (before cse,
+        which merges the constants they add); ``reuse_bytes``,
+        ``prefetch_bytes``: instead of the engine's (a planned schedule's)."""
+        import mlir_passes
+
+        reuse = self.reuse_bytes if reuse_bytes is None else reuse_bytes
+        prefetch = self.prefetch_bytes if prefetch_bytes is None else prefetch_bytes
+        passes = [p.spec() for p in mlir_passes.parse_pipeline(config.current.pipeline)
+                  if not p.name.startswith("zero-")]
+        at = passes.index("cse") if "cse" in passes else len(passes)
+        zero = ["zero-hoist-reduces",
+                f"zero-reduce-grads{{all-reduce={str(self.stage == 1).lower()},"
+                f"all-to-all={str(self.stage > 1 and self.reduce_scatter == 'all_to_all').lower()},"
+                f"bucket-bytes={self.bucket_bytes}}}",
+                f"zero-insert-gather{{regather={str(self.stage == 3).lower()},reuse-bytes={reuse}}}",
+                f"zero-prefetch{{budget-bytes={prefetch},bucket-bytes={self.bucket_bytes}}}"]
+        return ",".join(passes[:at] + zero + passes[at:])
+
     def owned_shape(self, m: ManagedParam) -> list[int]:
         """Shape of the tensor the optimizer owns for ``m``: its flat shard, or the whole parameter."""
         return [ops.shard_size(m.numel, self.world)] if m.sharded else list(m.shape)
@@ -190,6 +221,8 @@ class ZeroEngine:
                                                self.replica_group_name)
 
     def _begin_step(self, module, args):
+        if self.schedule is not None:
+            self.schedule.before_step()  # may switch self.pipeline
         self._use_pipeline()
         if self.stage == 3:
             for m in self.managed:
