@@ -101,6 +101,8 @@ def _fail_agreement(monkeypatch, model, optimizer):
 FAILURES = {
     "bad_stage": (None, {"stage": 4}, ValueError, "stage must be 1, 2 or 3"),
     "bad_reduce_scatter": (None, {"reduce_scatter": "ring"}, ValueError, "reduce_scatter must be"),
+    "offload_below_stage_3": (None, {"stage": 2, "offload_optimizer": True}, ValueError,
+                              "offload_optimizer needs stage=3"),
     # a world of one rank: blocks of 2 do not divide it
     "bad_shard_group_size": (None, {"shard_group_size": 2}, ValueError, "shard_group_size must divide the group's 1"),
     "cpu_parameter": (_cpu_param, {}, ValueError, r"parameter blocks\.0\.mlp\.c_proj\.weight is on cpu"),

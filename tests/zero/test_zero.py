@@ -196,6 +196,23 @@ def test_stage3_schedule_planned_from_measurements(tmp_path):
         assert plan["chosen"] == ("planned" if faster else "static"), plan
 
 
+def test_stage3_with_the_optimizer_offloaded_matches_single_process(tmp_path, reference):
+    """offload_optimizer: AdamW's state and the shards it updates live on
+    the host; the device's step graph (one a step) is forward, backward and
+    the reductions, with no optimizer op: eager's losses and state, the
+    state in host memory."""
+    results = _train(3, tmp_path, world=2, extra=["--offload-optimizer"])
+    for result in results:
+        ref_losses, ref_state, _ = reference
+        torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=0)
+        for name, value in ref_state.items():
+            torch.testing.assert_close(result["state"][name], value, rtol=1e-5, atol=1e-5, msg=name)
+        metrics = result["metrics"]
+        assert metrics["graph_executions"] == STEPS and metrics["fallback_count"] == 0
+        assert metrics["compiled_group_calls"] >= STEPS and metrics["groups_fallen_back"] == {}
+        assert result["optimizer_devices"] == ["cpu"] and result["memory"]["optimizer_on_host"]
+
+
 def _assert_simulated_alike(real: dict, tmp_path, extra) -> None:
     """Rank 0 of WORLD simulated alone on torch's fake process group (what
     benchmarks/zero_simulation.py runs at 1,024 ranks): its per-rank memory

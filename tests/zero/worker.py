@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--simulate-world", type=int, default=0)
     parser.add_argument("--shard-group-size", type=int, default=None, help="hybrid sharding: ranks a shard group")
     parser.add_argument("--memory-budget", type=int, default=None, help="stage 3: a schedule planned from measurements")
+    parser.add_argument("--offload-optimizer", action="store_true", help="stage 3: the optimizer on the host")
     parser.add_argument("--batch-size", type=int, default=CONFIG.batch_size, help="the global batch's rows")
     parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
     parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
@@ -72,7 +73,7 @@ def main() -> None:
                                            persistence_threshold=args.persistence_threshold,
                                            reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
                                            bucket_bytes=args.bucket_bytes, shard_group_size=args.shard_group_size,
-                                           memory_budget=args.memory_budget)
+                                           memory_budget=args.memory_budget, offload_optimizer=args.offload_optimizer)
         if args.capture:  # after initialize: its forward pre-hook gathers the parameters the record reads
             lazy_mlir.capture(model)
         return model, optimizer
@@ -111,7 +112,9 @@ def main() -> None:
               "metrics": {k: snapshot[k] for k in ("graph_executions", "mark_steps", "fallback_count",
                                                     "groups_fallen_back", "compiled_group_calls", "collective_bytes",
                                                     "captured_calls", "capture_refused", "zero_schedule")},
-              "time": time.time(), "group_keys": group_keys}
+              "time": time.time(), "group_keys": group_keys,
+              "optimizer_devices": sorted({v.device.type for entry in optimizer.state.values() for v in entry.values()
+                                           if isinstance(v, torch.Tensor)})}
     if args.resume_at >= 0:
         saved = torch.load(checkpoint)
         fresh = make_gpt(config, seed=1)  # other initial weights: only the checkpoint can make it match

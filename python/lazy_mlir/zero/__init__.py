@@ -82,7 +82,7 @@ class ZeroOptimizer:
 
     def _layout(self) -> dict:
         # the shards' shapes, not their data's: in stages 1-2 a shard is empty between steps
-        owner = {id(m.shard if m.sharded else m.param): m for m in self.engine.managed}
+        owner = {id(self.engine.optimized(m)): m for m in self.engine.managed}
         shapes = [self.engine.owned_shape(owner[id(p)]) for group in self.inner.param_groups for p in group["params"]]
         return {"world_size": self.engine.world, "rank": self.engine.rank, "shapes": shapes}
 
@@ -90,7 +90,7 @@ class ZeroOptimizer:
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: int = 3, process_group=None,
                prefetch_bytes: int = 4 << 20, persistence_threshold: int = 0, reuse_bytes: int | None = None,
                bucket_bytes: int = 4 << 20, reduce_scatter: str = "auto", shard_group_size: int | None = None,
-               memory_budget: int | None = None):
+               memory_budget: int | None = None, offload_optimizer: bool = False):
     """Shard ``model``'s parameters, gradients and ``optimizer``'s state over
     ``process_group`` (default: the world) for ZeRO ``stage`` 1, 2 or 3.
 
@@ -119,7 +119,12 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     over the first steps, the headroom under the budget keeps more
     parameters gathered from forward into backward (one compile), and
     whichever of the two measured faster within the budget stays
-    (``metrics["zero_schedule"]`` says what was measured and chosen).
+    (``metrics["zero_schedule"]`` says what was measured and chosen);
+    ``offload_optimizer`` (stage 3, DeepSpeed's ZeRO-Offload): the
+    optimizer's state, and a float32 copy of this rank's shards it updates,
+    live in host memory; ``optimizer.step()`` runs the step's graph
+    (forward, backward, reductions), updates on the host and uploads the
+    shards: the device holds shards, gradients and activations only.
     Returns ``(model, optimizer)``: the same model, and an optimizer of
     ``optimizer``'s class and hyper-parameters over the shards. Call before
     the first step.
@@ -138,7 +143,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
             raise RuntimeError("lazy_mlir.zero.initialize: call it before the optimizer's first step")
         engine = ZeroEngine(model, stage, group, prefetch_bytes, persistence_threshold,
                             prefetch_bytes if reuse_bytes is None else reuse_bytes, bucket_bytes, reduce_scatter,
-                            shard_group_size, memory_budget)
+                            shard_group_size, memory_budget, offload_optimizer)
         if any(id(p) not in engine.trainable_ids for g in optimizer.param_groups for p in g["params"]):
             raise ValueError("lazy_mlir.zero.initialize: the optimizer holds a tensor that is not a "
                              "trainable parameter of the model")
@@ -155,7 +160,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
             for g in optimizer.param_groups:
                 managed = [engine.by_param[id(p)] for p in g["params"]]
                 groups.append({**{k: v for k, v in g.items() if k != "params"},
-                               "params": [m.shard if m.sharded else m.param for m in managed]})
+                               "params": [engine.optimized(m) for m in managed]})
             inner = type(optimizer)(groups)  # each group carries all its hyper-parameters
             # per-tensor updates: with one fused node stage 3 ran 3-18% slower
             # (2026-11-27, zero_step.py, 3 paired rounds), and the unsharded

@@ -47,6 +47,9 @@ class ManagedParam:
     # What attach() gives the parameter (rank 0's values; None: stage 3 keeps
     # no whole copy), held only between shard() and attach().
     initial: torch.Tensor | None = None
+    # offload_optimizer: the host copy (CPU, float32) the optimizer owns and
+    # updates: the shard, or the whole parameter when kept whole
+    host: torch.Tensor | None = None
 
     @property
     def sharded(self) -> bool:
@@ -61,7 +64,8 @@ class ZeroEngine:
     ``commit()``; ``detach()`` undoes them."""
 
     def __init__(self, model, stage, process_group, prefetch_bytes, persistence_threshold, reuse_bytes,
-                 bucket_bytes, reduce_scatter="auto", shard_group_size=None, memory_budget=None):
+                 bucket_bytes, reduce_scatter="auto", shard_group_size=None, memory_budget=None,
+                 offload_optimizer=False):
         if stage not in (1, 2, 3):
             raise ValueError(f"lazy_mlir.zero: stage must be 1, 2 or 3, got {stage!r}")
         if reduce_scatter not in ("auto", "all_to_all", "reduce_scatter_tensor"):
@@ -72,6 +76,9 @@ class ZeroEngine:
         if memory_budget is not None and (stage != 3 or not isinstance(memory_budget, int) or memory_budget <= 0):
             raise ValueError("lazy_mlir.zero: memory_budget plans stage 3's gathers: a positive number of bytes "
                              f"with stage=3, got {memory_budget!r} with stage={stage}")
+        if offload_optimizer and stage != 3:
+            raise ValueError(f"lazy_mlir.zero: offload_optimizer needs stage=3, got stage={stage}")
+        self.offload = bool(offload_optimizer)
         self.memory_budget = memory_budget
         self.schedule: ProfiledSchedule | None = None  # with a memory_budget, from start_schedule()
         self.stage = stage
@@ -179,6 +186,11 @@ class ZeroEngine:
                 f"zero-prefetch{{budget-bytes={prefetch},bucket-bytes={self.bucket_bytes}}}"]
         return ",".join(passes[:at] + zero + passes[at:])
 
+    def optimized(self, m: ManagedParam) -> torch.Tensor:
+        """The tensor the wrapped optimizer updates for ``m``: its host copy
+        (offload), its shard, or the whole parameter."""
+        return m.host if self.offload else m.shard if m.sharded else m.param
+
     def owned_shape(self, m: ManagedParam) -> list[int]:
         """Shape of the tensor the optimizer owns for ``m``: its flat shard, or the whole parameter."""
         return [ops.shard_size(m.numel, self.world)] if m.sharded else list(m.shape)
@@ -187,11 +199,19 @@ class ZeroEngine:
         shape, numel = list(p.shape), p.numel()
         full = self._broadcast(p)  # every rank starts from rank 0's values
         if numel <= self.persistence_threshold:
-            return ManagedParam(name, p, shape, numel, None, initial=full.to(p.device))
+            return ManagedParam(name, p, shape, numel, None, initial=full.to(p.device), host=self._host(full))
         size = ops.shard_size(numel, self.world)
         local = ops.flat_padded(full, self.world)[self.rank * size:(self.rank + 1) * size].clone()
         return ManagedParam(name, p, shape, numel, local.to(p.device),
-                            initial=full.to(p.device) if self.stage < 3 else None)
+                            initial=full.to(p.device) if self.stage < 3 else None, host=self._host(local))
+
+    def _host(self, values: torch.Tensor) -> torch.Tensor | None:
+        """With offload: ``values`` in host memory for the optimizer (pinned
+        where a GPU is: its uploads and downloads copy asynchronously)."""
+        if not self.offload:
+            return None
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=torch.cuda.is_available())
+        return host.copy_(values)
 
     def _broadcast(self, p: torch.Tensor) -> torch.Tensor:
         full = p.detach().cpu().to(self.device).contiguous()
@@ -253,6 +273,8 @@ class ZeroEngine:
         m.grad_shard = reduced if m.grad_shard is None else m.grad_shard + reduced
 
     def before_step(self) -> None:
+        if self.offload:
+            return self._gradients_to_host()
         for m in self.managed:
             if self.stage == 1 and m.param.grad is not None:
                 grad = self._reduce(m.param.grad, m)
@@ -270,6 +292,8 @@ class ZeroEngine:
             m.shard.grad = m.grad_shard
 
     def after_step(self) -> None:
+        if self.offload:
+            return self._parameters_from_host()
         for m in self.managed:
             if not m.sharded:
                 continue
@@ -282,6 +306,31 @@ class ZeroEngine:
         for m in self.managed:
             m.param.grad = None
             m.grad_shard = None
+            if m.host is not None:
+                m.host.grad = None
+
+    # ------------------------------------------------- offload_optimizer
+    def _gradients_to_host(self) -> None:
+        """The step's graph runs here (a mark_step: forward, backward and the
+        gradients' reductions), and each reduced gradient goes to its host
+        copy's .grad, for the optimizer to update on the host."""
+        torch._lazy.mark_step()
+        for m in self.managed:
+            grad = m.grad_shard if m.sharded else m.param.grad
+            m.host.grad = None if grad is None else grad.to("cpu", non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking downloads
+
+    def _parameters_from_host(self) -> None:
+        """The updated host copies become the device's shards (and whole
+        parameters): device data, read by the next step's graph."""
+        for m in self.managed:
+            m.host.grad = None
+            values = m.host.detach().to(m.param.device, copy=True)
+            if m.sharded:
+                m.shard.data = values
+            else:
+                m.param.data = values
 
     # --------------------------------------------------------- reporting
     def full_state_dict(self, model) -> dict[str, torch.Tensor]:
@@ -306,7 +355,7 @@ class ZeroEngine:
             params += nbytes(m.param) + nbytes(m.shard)
             grads += nbytes(m.param.grad) + nbytes(m.grad_shard)
             full_params += m.numel * m.param.element_size()
-        owner = {id(m.shard if m.sharded else m.param): m for m in self.managed}
+        owner = {id(self.optimized(m)): m for m in self.managed}
         state = full_state = 0
         for tensor, entry in optimizer.state.items():
             m = owner.get(id(tensor))
@@ -315,6 +364,7 @@ class ZeroEngine:
                     state += nbytes(value)
                     scale = m.numel / value.numel() if m is not None and m.sharded and value.dim() else 1
                     full_state += int(nbytes(value) * scale)
+        # with offload the optimizer's state and host copies are in host memory, not the device's
         return {"params": params, "grads": grads, "optimizer": state, "total": params + grads + state,
                 "unsharded_total": 2 * full_params + full_state, "world_size": self.world,
-                "replicas": self.replicas}
+                "replicas": self.replicas, "optimizer_on_host": self.offload}
