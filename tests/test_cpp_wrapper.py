@@ -30,7 +30,13 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def cpp_wrapped(tmp_path):
+    """Each group compiled in this test, its code dumped: an earlier test's
+    graph (LTC's cache) or Inductor module loaded in this process (then no
+    new module to dump) would hide which wrapper the code has."""
+    from torch._inductor.codecache import PyCodeCache
     lazy_mlir.init("O1", cpp_wrapper=True, dump_dir=str(tmp_path))
+    lazy_mlir.native._C.clear_computation_cache()
+    PyCodeCache.cache_clear()
     metrics.reset()
     yield tmp_path
     lazy_mlir.init("O1")
