@@ -167,11 +167,12 @@ def test_hybrid_sharding_matches_single_process(stage, tmp_path):
 def test_stage3_schedule_planned_from_measurements(tmp_path):
     """With a memory budget, the first steps measure the static schedule
     (step time, the step buffers' peak), the headroom keeps parameters
-    gathered from forward into backward (compiled once more), the plan is
-    measured alike and stays only if it is faster within the budget. The
-    switches between schedules change no number: eager's losses and state
-    over the 10 steps; one graph a step; at most the two schedules compiled."""
-    steps, budget = 10, 1 << 30
+    gathered from forward into backward (compiled once more), the two take
+    turns step by step and the plan stays only if faster within the budget. The
+    switches between schedules (measured taking turns) change no number:
+    eager's losses and state; one graph a step; the two schedules compiled once each."""
+    from lazy_mlir.zero.schedule import SETTLED_AFTER
+    steps, budget = SETTLED_AFTER + 1, 1 << 30
     ref_losses, ref_state, param_bytes = _eager_reference(steps=steps)
     out = str(tmp_path / "planned")
     codes, outputs, _ = run_ranks(2, ["--stage", "3", "--steps", str(steps), "--out", out,

@@ -117,9 +117,10 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     reduction); given, the schedule is planned from measurements
     (zero/schedule.py): the static one's peak and step time are measured
     over the first steps, the headroom under the budget keeps more
-    parameters gathered from forward into backward (one compile), and
-    whichever of the two measured faster within the budget stays
-    (``metrics["zero_schedule"]`` says what was measured and chosen);
+    parameters gathered from forward into backward (one compile), the two
+    take turns step by step, and whichever measured faster within the
+    budget stays (``metrics["zero_schedule"]`` says what was measured and
+    chosen);
     ``offload_optimizer`` (stage 3, DeepSpeed's ZeRO-Offload): the
     optimizer's state, and a float32 copy of this rank's shards it updates,
     live in host memory; ``optimizer.step()`` runs the step's graph

@@ -18,10 +18,11 @@ engine measures instead of guessing:
    (of the bytes used between a layer's two uses, half are the later
    layers' own forward), so ``reuse_bytes`` grows by twice the headroom, up
    to the whole model twice; what is left widens ``prefetch_bytes``;
-3. ``STEPS`` steps of the plan after its one compile, measured alike; the
-   plan stays if its peak is within the budget and its steps are faster,
-   else the static schedule comes back (its code is still cached: no
-   compile).
+3. after the plan's one compile, the two schedules take turns step by step
+   (``STEPS`` steps each; switching compiles nothing, both codes are
+   cached), so both are measured side by side under the same load; the
+   plan stays if its peak is within the budget and its median step is
+   faster, else the static schedule does.
 
 Every rank takes the slowest rank's time and the highest peak (an
 all-reduce), so all ranks choose alike.
@@ -42,23 +43,29 @@ from ..observe import metrics, syncs
 from ..trace import device_module
 
 STEPS = 3  # timed steps per schedule, after the step that compiles it
+# steps after which the chosen schedule runs: the static one's compile and
+# STEPS, the plan's compile, 2 x STEPS taking turns; the next one decides
+SETTLED_AFTER = 3 * STEPS + 3
 
 
 class ProfiledSchedule:
     """Driven by the engine's forward pre-hook (``before_step``) at each
-    step's first forward; steps are counted at mark_step."""
+    step's first forward, which may switch ``engine.pipeline`` for the step
+    (the engine installs it next)."""
 
     def __init__(self, engine, budget: int, param_bytes: int):
         self.engine, self.budget, self.param_bytes = engine, budget, param_bytes
-        self.static_pipeline = engine.pipeline
+        self.pipelines = {"static": engine.pipeline}
         self.report: dict = {"budget_bytes": budget, "chosen": "static", "why": "measuring"}
         self._marks = 0          # mark_steps seen (of any model's steps)
         self._marks_then = -1    # at this engine's last step
         self._step = -1          # this engine's steps (a model's first forward after a mark_step begins one)
-        self._start = 0          # the step the schedule being measured compiled at
-        self._periods: list[float] = []
+        self._compiling = 0      # the step that compiles the schedule it runs (not timed)
+        self._ran: str | None = None  # the schedule the step before ran
+        self._periods: dict[str, list[float]] = {"static": [], "planned": []}
+        self._peaks = {"static": 0, "planned": 0}
         self._last = 0.0
-        self._phase = "static"   # "static", "planned", then "done"
+        self._phase = "static"   # "static" (measured alone), "compare" (taking turns), "done"
         own = weakref.ref(self)
         syncs.at_mark_step(lambda: own() is not None and own()._count())
         metrics.record_zero_schedule(self.report)
@@ -72,31 +79,36 @@ class ProfiledSchedule:
         self._marks_then = self._marks
         self._step = step = self._step + 1
         now = time.perf_counter()
-        if step == self._start + 1:  # the compile step is over: measure from here
-            _reset_peak()
-            self._periods, self._last = [], now
-            return
-        if step > self._start + 1:
-            self._periods.append(now - self._last)
-            self._last = now
-        if step < self._start + 1 + STEPS:
-            return
-        measured = self._agreed(statistics.median(self._periods) * 1e3, _peak())
+        if self._ran is not None and step - 1 != self._compiling:  # the step before ran cached code
+            self._periods[self._ran].append(now - self._last)
+            self._peaks[self._ran] = max(self._peaks[self._ran], _peak())
+        self._last = now
+        _reset_peak()
         if self._phase == "static":
-            self._planned(measured, step)
+            if len(self._periods["static"]) < STEPS:
+                self._ran = "static"
+            else:
+                self._plan(self._measured("static"), step)
+        elif min(map(len, self._periods.values())) < STEPS:
+            self._run("static" if self._ran == "planned" else "planned")
         else:
-            self._decide(measured)
+            self._decide(self._measured("static"), self._measured("planned"))
 
-    def _agreed(self, ms: float, peak: int) -> dict:
-        """The slowest rank's step time and the highest peak: every rank
-        decides alike (a rank on another schedule would issue other
-        collectives). A collective over the engine's group: every rank
-        measures at the same step."""
-        both = torch.tensor([ms, float(peak)], dtype=torch.float64, device=self.engine.device)
+    def _measured(self, schedule: str) -> dict:
+        """The median step and the peak of ``schedule``, the slowest rank's
+        and the highest: every rank decides alike (a rank on another
+        schedule would issue other collectives). A collective over the
+        engine's group: every rank measures at the same step."""
+        both = torch.tensor([statistics.median(self._periods[schedule]) * 1e3, float(self._peaks[schedule])],
+                            dtype=torch.float64, device=self.engine.device)
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.engine.process_group)
         return {"ms": both[0].item(), "peak_bytes": int(both[1].item())}
 
-    def _planned(self, static: dict, step: int) -> None:
+    def _run(self, schedule: str) -> None:
+        self.engine.pipeline = self.pipelines[schedule]
+        self._ran = schedule
+
+    def _plan(self, static: dict, step: int) -> None:
         self.report["static"] = {**static, "reuse_bytes": self.engine.reuse_bytes,
                                  "prefetch_bytes": self.engine.prefetch_bytes}
         headroom = self.budget - static["peak_bytes"]
@@ -112,20 +124,24 @@ class ProfiledSchedule:
         left = headroom - (reuse - self.engine.reuse_bytes) // 2
         prefetch = max(self.engine.prefetch_bytes, min(self.engine.prefetch_bytes + left, whole))
         self.report["planned"] = {"reuse_bytes": reuse, "prefetch_bytes": prefetch}
-        self.engine.pipeline = self.engine.zero_pipeline(reuse_bytes=reuse, prefetch_bytes=prefetch)
-        self._phase, self._start = "planned", step
+        self.pipelines["planned"] = self.engine.zero_pipeline(reuse_bytes=reuse, prefetch_bytes=prefetch)
+        # side by side from here: the static schedule's early steps ran colder
+        self._periods, self._peaks = {"static": [], "planned": []}, {"static": 0, "planned": 0}
+        self._phase, self._compiling = "compare", step
+        self._run("planned")
         metrics.record_zero_schedule(self.report)
 
-    def _decide(self, planned: dict) -> None:
+    def _decide(self, static: dict, planned: dict) -> None:
+        self.report["static"].update(static)
         self.report["planned"].update(planned)
-        static = self.report["static"]
         if planned["peak_bytes"] > self.budget:
             why = "the plan's peak is over the budget"
         elif planned["ms"] >= static["ms"]:
             why = "the plan's steps are not faster"
         else:
+            self._run("planned")
             return self._done("planned", f"{planned['ms'] / static['ms']:.2f}x the static schedule's step")
-        self.engine.pipeline = self.static_pipeline
+        self._run("static")
         self._done("static", why)
 
     def _done(self, chosen: str, why: str) -> None:
