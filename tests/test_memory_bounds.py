@@ -59,6 +59,7 @@ import gc, json, sys, weakref
 import torch
 import lazy_mlir
 from lazy_mlir.cache import compile_cache
+from lazy_mlir.compile import parallel
 from lazy_mlir.native import _C
 from lazy_mlir.run import executables
 
@@ -91,7 +92,7 @@ for batch in [1, 2, 3, 4, 5, 6, 1]:  # every size a new graph; the last one's wa
     losses.append((train(eager, batch, "cpu"), train(lazy, batch, "lazy")))
 gc.collect()
 print(json.dumps({"losses": losses, "graphs": _C.computation_cache_entries(),
-                  "groups": compile_cache.memory_entries(), "made": len(made),
+                  "groups": compile_cache.memory_entries(), "made": len(made), "graphs_bound": len(parallel._graphs),
                   "alive": sum(ref() is not None for ref in made),
                   "compiled_calls": lazy_mlir.metrics.snapshot()["compiled_group_calls"]}))
 """
@@ -114,5 +115,6 @@ def test_compiled_graphs_in_memory_are_bounded(tmp_path):
         assert lazy == pytest.approx(eager, rel=1e-5, abs=1e-6)
     assert out["compiled_calls"] >= 7  # every step ran generated code
     assert out["graphs"] <= 2 and out["groups"] <= 2, out
+    assert out["graphs_bound"] == 0, out  # parallel_compile's bookkeeping of graphs past their first run
     # 7 training graphs (and the loss reads) made executables; only those of the graphs kept live on
     assert out["made"] >= 7 and out["alive"] <= 2 * 2, out

@@ -181,6 +181,8 @@ def ran_first(group_name: str) -> None:
         done = graph.first_runs >= graph.groups
     if done:
         flush(group_name)
+        with _lock:  # every group of it past its first run: nothing more to defer (a loop of new graphs keeps none)
+            _graphs.pop(graph_of(group_name), None)
 
 
 def flush(group_name: str) -> None:
