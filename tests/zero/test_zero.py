@@ -185,6 +185,7 @@ def test_stage3_schedule_planned_from_measurements(tmp_path):
             torch.testing.assert_close(result["state"][name], value, rtol=1e-5, atol=1e-5, msg=name)
         metrics = result["metrics"]
         assert metrics["graph_executions"] == metrics["mark_steps"] == steps and metrics["fallback_count"] == 0
+        assert metrics["groups_fallen_back"] == {} and metrics["compiled_group_calls"] >= steps  # generated code
         assert len(result["group_keys"]["compiled_in_steps"]) <= 2
         plan = metrics["zero_schedule"]
         static, planned = plan["static"], plan["planned"]

@@ -122,8 +122,8 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     budget stays (``metrics["zero_schedule"]`` says what was measured and
     chosen);
     ``offload_optimizer`` (stage 3, DeepSpeed's ZeRO-Offload): the
-    optimizer's state, and a float32 copy of this rank's shards it updates,
-    live in host memory; ``optimizer.step()`` runs the step's graph
+    optimizer's state, and a copy of this rank's shards it updates, live
+    in host memory; ``optimizer.step()`` runs the step's graph
     (forward, backward, reductions), updates on the host and uploads the
     shards: the device holds shards, gradients and activations only.
     Returns ``(model, optimizer)``: the same model, and an optimizer of

@@ -47,8 +47,8 @@ class ManagedParam:
     # What attach() gives the parameter (rank 0's values; None: stage 3 keeps
     # no whole copy), held only between shard() and attach().
     initial: torch.Tensor | None = None
-    # offload_optimizer: the host copy (CPU, float32) the optimizer owns and
-    # updates: the shard, or the whole parameter when kept whole
+    # offload_optimizer: the host copy the optimizer owns and updates: the
+    # shard, or the whole parameter when kept whole
     host: torch.Tensor | None = None
 
     @property
@@ -206,12 +206,8 @@ class ZeroEngine:
                             initial=full.to(p.device) if self.stage < 3 else None, host=self._host(local))
 
     def _host(self, values: torch.Tensor) -> torch.Tensor | None:
-        """With offload: ``values`` in host memory for the optimizer (pinned
-        where a GPU is: its uploads and downloads copy asynchronously)."""
-        if not self.offload:
-            return None
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=torch.cuda.is_available())
-        return host.copy_(values)
+        """With offload: a copy of ``values`` in host memory, for the optimizer."""
+        return values.to("cpu", copy=True) if self.offload else None
 
     def _broadcast(self, p: torch.Tensor) -> torch.Tensor:
         full = p.detach().cpu().to(self.device).contiguous()
@@ -317,9 +313,7 @@ class ZeroEngine:
         torch._lazy.mark_step()
         for m in self.managed:
             grad = m.grad_shard if m.sharded else m.param.grad
-            m.host.grad = None if grad is None else grad.to("cpu", non_blocking=True)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # the non-blocking downloads
+            m.host.grad = None if grad is None else grad.to("cpu")
 
     def _parameters_from_host(self) -> None:
         """The updated host copies become the device's shards (and whole
