@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=CONFIG.batch_size, help="the global batch's rows")
     parser.add_argument("--capture", action="store_true", help="the model under lazy_mlir.capture")
     parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="the model's")
+    parser.add_argument("--level", default="O1", choices=("O0", "O1"), help="O0: TorchScript runs every group")
     args = parser.parse_args()
     config = dataclasses.replace(CONFIG, batch_size=args.batch_size)
     torch.set_num_threads(1)
@@ -63,11 +65,11 @@ def main() -> None:
     else:
         dist.init_process_group(args.backend, timeout=__import__("datetime").timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    lazy_mlir.init(progress=False)
+    lazy_mlir.init(args.level, progress=False)
     group_keys = record_group_keys()
 
     def setup(model):
-        model = model.to("lazy")
+        model = model.to(getattr(torch, args.dtype)).to("lazy")
         model, optimizer = zero.initialize(model, make_adamw(model), stage=args.stage,
                                            prefetch_bytes=args.prefetch_bytes,
                                            persistence_threshold=args.persistence_threshold,
