@@ -297,8 +297,9 @@ def main():
     print("  c.model: torch.compile(model), optimizer step eager; c.m+opt: torch.compile(model) and "
           "torch.compile(optimizer.step), default mode; " + modes_legend() + "; split columns (ms, medians): "
           "see benchmarks/harness.py")
-    print("  state MB: parameters, gradients and optimizer state after the last step; step MB: the compiled "
-          "step's own buffers at their peak (activations and temporaries, lazy_mlir.memory)")
+    print("  state MB: parameters, gradients and optimizer state after the last step; step MB: the last "
+          "step's own buffers at their peak, above those live when it began (activations and temporaries, "
+          "lazy_mlir.memory)")
     print("  cache: cold, the row compiled its groups (its peak RSS holds torch-mlir and Inductor's compiler); "
           "warm, it loaded them from lazy_mlir's compile cache as native code (--cold-cache: always cold)")
     if "ts_lazy" in ok:

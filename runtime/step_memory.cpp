@@ -44,6 +44,7 @@ class StepMemory final : public c10::Allocator {
     }
     live_ += n;
     peak_ = std::max(peak_, live_);
+    step_peak_ = std::max(step_peak_, live_);
     return {data, data, &StepMemory::free, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -90,11 +91,21 @@ class StepMemory final : public c10::Allocator {
     peak_ = live_;
   }
 
+  // The step that ends: its peak above what was live when it began (blocks
+  // that outlive a step are state: the parameters a first step's graph
+  // made, before donation writes them in place).
+  void stepEnded() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_step_peak_ = step_peak_ - std::min(step_peak_, step_start_live_);
+    step_start_live_ = step_peak_ = live_;
+  }
+
   std::map<std::string, int64_t> stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     return {{"cached_bytes", static_cast<int64_t>(cached_)},
             {"live_bytes", static_cast<int64_t>(live_)},
             {"peak_bytes", static_cast<int64_t>(peak_)},
+            {"last_step_peak_bytes", static_cast<int64_t>(last_step_peak_)},
             {"group_calls", static_cast<int64_t>(calls_.load())}};
   }
 
@@ -168,6 +179,7 @@ class StepMemory final : public c10::Allocator {
   std::unordered_map<size_t, std::vector<void*>> free_;
   std::list<void*> lru_;  // cached blocks, least recently freed first
   size_t cached_ = 0, live_ = 0, peak_ = 0;
+  size_t step_start_live_ = 0, step_peak_ = 0, last_step_peak_ = 0;  // stepEnded()'s
   std::atomic<uint64_t> calls_{0};  // group calls begun (outermost scopes): no lock on the way in
 };
 
@@ -213,10 +225,14 @@ void resetStepMemoryPeak() {
   if (StepMemory* memory = g_step_memory.load()) memory->resetPeak();
 }
 
+void stepMemoryStepEnded() {
+  if (StepMemory* memory = g_step_memory.load()) memory->stepEnded();
+}
+
 std::map<std::string, int64_t> stepMemoryStats() {
   StepMemory* memory = g_step_memory.load();
   if (memory != nullptr) return memory->stats();
-  return {{"cached_bytes", 0}, {"live_bytes", 0}, {"peak_bytes", 0}, {"group_calls", 0}};
+  return {{"cached_bytes", 0}, {"live_bytes", 0}, {"peak_bytes", 0}, {"last_step_peak_bytes", 0}, {"group_calls", 0}};
 }
 
 namespace {

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lazy_mlir
+from lazy_mlir.native import _C
 from helpers import LAZY, SMALL_GPT, assert_compiled, gpt_batches, make_adamw, make_gpt
 
 
@@ -38,12 +39,19 @@ def test_the_heap_is_the_same_at_every_steady_step(lazy_level):
 def test_the_memory_report_counts_the_models_and_optimizers_bytes(lazy_level):
     model = make_gpt(SMALL_GPT).to(LAZY)
     opt = make_adamw(model)
-    for x, y in gpt_batches(SMALL_GPT, 3):
+    for step, (x, y) in enumerate(gpt_batches(SMALL_GPT, 3)):
+        if step == 2:  # the last step's peak measured apart, from what was live when it began
+            _C.reset_step_memory_peak()
+            live_before = _C.step_memory_stats()["live_bytes"]
         model(x.to(LAZY), y.to(LAZY)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch._lazy.mark_step()
     s = lazy_mlir.memory.snapshot(model, opt)
+    # the report's step peak is that step's own, not the process's (which
+    # holds the first step's buffers, the new parameters among them)
+    assert live_before > 0  # the first step's new parameters, in buffers of its own
+    assert s["step_buffers_peak"] == _C.step_memory_stats()["peak_bytes"] - live_before
     # the tied embedding (wte is lm_head's weight) once
     params = sum(p.numel() * 4 for p in make_gpt(SMALL_GPT).parameters())
     assert s["parameters"] == params and s["gradients"] == 0

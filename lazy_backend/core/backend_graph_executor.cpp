@@ -6,6 +6,7 @@
 #include "ltc_fixes/pending_data.h"
 #include "memory/device_data_pool.h"
 #include "optimizer/functional_update.h"
+#include "runtime/step_memory.h"
 
 #include <torch/csrc/lazy/backend/backend_interface.h>
 #include <torch/csrc/lazy/core/internal_ops/ltc_ops.h>
@@ -99,6 +100,7 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
     newDrawStream();
     clearLayerBoundaries();
     devicePoolStepBoundary();
+    stepMemoryStepEnded();
   }
 
  private:

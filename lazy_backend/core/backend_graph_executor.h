@@ -3,7 +3,7 @@
 // draws (dead_draws.h), no graph for a tensor whose pending value is
 // device data (pending_data.h), at mark_step as at a read, and the per-step
 // resets at each mark_step (the draw stream, layer boundaries, the
-// device-data pool).
+// device-data pool, the step memory's per-step peak).
 #pragma once
 
 namespace lazy_mlir {

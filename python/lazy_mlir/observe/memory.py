@@ -3,10 +3,11 @@ optimizer)`` after a ``mark_step``.
 
 The parts (bytes): what the model and optimizer hold (parameters, their
 gradients, the optimizer's state, each storage counted once: a tied
-weight is one); the step's own buffers at their peak (the compiled groups'
-allocations of 64 KiB and more live at once: activations kept for the
-backward and temporaries, runtime/step_memory.h) and those the step memory
-keeps between steps for the next; glibc's heap (in use, and free but not
+weight is one); the last step's own buffers at their peak (the compiled
+groups' allocations of 64 KiB and more live at once above those live when
+the step began: activations kept for the backward and temporaries,
+runtime/step_memory.h) and those the step memory keeps between steps for
+the next; glibc's heap (in use, and free but not
 given back: the allocator's slack); the process's resident size now and at
 its peak. What is in use beyond the parts above is the rest of the process
 (libraries, Python objects, small tensors).
@@ -79,7 +80,7 @@ def snapshot(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimi
         "parameters": _bytes(params),
         "gradients": _bytes(p.grad for p in params if p.grad is not None),
         "optimizer_state": _bytes(state),
-        "step_buffers_peak": step["peak_bytes"],
+        "step_buffers_peak": step["last_step_peak_bytes"],
         "step_buffers_kept": step["cached_bytes"],
         "heap_in_use": in_use,
         "heap_free_kept": free,
@@ -94,7 +95,7 @@ def report(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimize
     rest = s["heap_in_use"] - held - s["step_buffers_kept"]
     rows = [("parameters", s["parameters"]), ("gradients", s["gradients"]),
             ("optimizer state", s["optimizer_state"]),
-            ("step's buffers, peak", s["step_buffers_peak"]),
+            ("last step's buffers, peak", s["step_buffers_peak"]),
             ("  kept for the next step", s["step_buffers_kept"]),
             ("rest of the heap in use", rest), ("heap free, not given back", s["heap_free_kept"]),
             ("resident now", s["resident"]), ("resident at the peak", s["peak_resident"])]
