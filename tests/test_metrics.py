@@ -15,3 +15,15 @@ def test_snapshot_and_report(lazy_level):
     assert "graph executions     3  (1.00 per mark_step)" in text
     metrics.reset()
     assert metrics.snapshot()["mark_steps"] == 0 and metrics.snapshot()["graph_executions"] == 0
+
+
+def test_per_group_records_keep_the_most_recent(lazy_level):
+    """A loop that meets new graphs for ever (new shapes, new code) holds
+    KEPT group and recompile records, not one per graph it ever ran."""
+    for i in range(metrics.KEPT + 10):
+        metrics.record_group(f"graph{i}.g0", 3)
+        metrics.record_recompile({"group": f"graph{i}.g0"})
+    s = metrics.snapshot()
+    assert sum(s["groups_per_graph"].values()) == metrics.KEPT and "graph9" not in s["groups_per_graph"]
+    assert len(s["recompiles"]) == metrics.KEPT and s["recompiles"][-1]["group"] == f"graph{metrics.KEPT + 9}.g0"
+    metrics.reset()

@@ -20,7 +20,10 @@ _lock = threading.Lock()
 _fallbacks: collections.Counter = collections.Counter()
 _fallback_sources: collections.Counter = collections.Counter()  # "op at file:line (fn)" -> count
 _syncs: collections.Counter = collections.Counter()  # user source line -> graph executions outside mark_step
-_groups: dict[str, int] = {}          # group name -> op count
+# Per-group records keep the most recent KEPT: a loop that meets new graphs
+# for ever (new shapes, new code) holds no more.
+KEPT = 1024
+_groups: collections.OrderedDict = collections.OrderedDict()  # group name -> op count, oldest first
 _failure_reasons: dict[str, str] = {}  # group name -> why it runs in TorchScript (kept across reset)
 _fallen_back: dict[str, str] = {}      # groups that failed or ran in TorchScript since reset -> why
 _fallback_group_calls = 0              # runs of such groups since reset
@@ -29,7 +32,7 @@ _worker_compiles = [0, 0.0]            # groups whose code a compile worker gene
 _stage_seconds: collections.Counter = collections.Counter()
 _stage_runs: collections.Counter = collections.Counter()  # how often each stage ran
 _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "disk_hit" / "miss" / "wait"
-_recompiles: list[dict] = []  # recompiles.before_compile's explanations, in order
+_recompiles: collections.deque = collections.deque(maxlen=KEPT)  # recompiles.before_compile's explanations
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
 _zero_schedule: dict = {}  # zero.schedule's measurements and decision (kept across reset)
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
@@ -89,6 +92,9 @@ def record_group(name: str, num_ops: int) -> None:
     """A fusion group bound into a graph (it compiles at its first run)."""
     with _lock:
         _groups[name] = num_ops
+        _groups.move_to_end(name)
+        if len(_groups) > KEPT:
+            _groups.popitem(last=False)
 
 
 def record_worker_compile(seconds: float) -> None:

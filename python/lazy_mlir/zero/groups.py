@@ -65,10 +65,9 @@ def collective_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     # torch.distributed's registry, not held here: a group destroyed since
     # (destroy_process_group) is gone from it, and one held past it would be
     # torn down at interpreter exit with its gloo thread still running.
-    name = _serial_group_names.get(key)
-    registered = {n: pg for pg, n in dist.distributed_c10d._world.pg_names.items()}
-    if name in registered:
-        return registered[name]
+    registered = _live_group(_serial_group_names.get(key))
+    if registered is not None:
+        return registered
     serial = dist.new_group(ranks=list(ranks), backend=BACKEND, timeout=gloo.options._timeout,
                             use_local_synchronization=True)
     _serial_group_names[key] = serial.group_name
@@ -91,14 +90,13 @@ def hybrid_groups(parent: dist.ProcessGroup, shard_ranks: list[int], replica_ran
     if backend == "gloo":
         _register_backend()
         options.update(backend=BACKEND, timeout=parent._get_backend(torch.device("cpu")).options._timeout)
-    registered = {n: pg for pg, n in dist.distributed_c10d._world.pg_names.items()}
     made = []
     for kind, ranks in (("shard", shard_ranks), ("replica", replica_ranks)):
         alias = f"lazy_mlir.{kind}.{parent.group_name}.{len(shard_ranks)}"
         key = (alias, tuple(ranks))
         # one per alias: a second engine (a model set up again) traces the
         # graphs the first compiled; a group destroyed since is made again
-        group = registered.get(_hybrid_group_names.get(key))
+        group = _live_group(_hybrid_group_names.get(key))
         if group is None:
             group = dist.new_group(ranks=ranks, **options)
             _hybrid_group_names[key] = group.group_name
@@ -109,6 +107,14 @@ def hybrid_groups(parent: dist.ProcessGroup, shard_ranks: list[int], replica_ran
             c10d._register_process_group(alias, group)
         made.append((group, alias))
     return made[0][0], made[0][1], made[1][1]
+
+
+def _live_group(name: str | None) -> dist.ProcessGroup | None:
+    """The group torch.distributed holds under ``name``, None when it holds
+    none (never made, or destroyed since: destroy_process_group)."""
+    if name is None:
+        return None
+    return next((pg for pg, n in dist.distributed_c10d._world.pg_names.items() if n == name), None)
 
 
 _hybrid_group_names: dict = {}  # (alias, ranks) -> the name torch gave the group
