@@ -364,3 +364,44 @@ def test_a_frozen_bool_parameter_is_settled(lazy_level):
     lazy, misses, _ = _train_model(lazy_model.to("lazy"), None, batches=batches)
     assert misses == [1, 0, 0]
     assert_same_training(eager, lazy)
+
+
+def _peak_rss_reset() -> bool:
+    """Starts the process's peak RSS (VmHWM) again from now; False where Linux cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def test_settling_a_large_model_holds_no_copy_of_it(lazy_level):
+    """Settling writes each parameter into a new buffer while the moved
+    tensor's two copies are alive: a setup graph of the whole model would
+    hold a third copy at once (a 256 MiB model: ~256 MiB more at the peak).
+    Chunks of steady_state.SETTLE_BYTES free what the next one reuses."""
+    if not _peak_rss_reset():
+        pytest.skip("needs /proc/self/clear_refs")
+    torch.manual_seed(0)
+    def layers():  # 32 MiB each
+        return [torch.nn.Linear(*((2048, 4096) if i % 2 == 0 else (4096, 2048)), bias=False) for i in range(8)]
+    eager = torch.nn.Sequential(*layers())
+    lazy = torch.nn.Sequential(*layers())
+    lazy.load_state_dict(eager.state_dict())
+    lazy = lazy.to("lazy")
+    params = sum(p.numel() * p.element_size() for p in lazy.parameters())
+    x = torch.randn(2, 2048)
+    metrics.reset()
+    _peak_rss_reset()
+    before = _rss("VmRSS")
+    out = lazy(x.to("lazy"))  # the first training call settles the parameters
+    settled = _rss("VmHWM") - before
+    assert settled < params / 2, f"settling {params >> 20} MiB of parameters took {settled >> 20} MiB"
+    assert metrics.snapshot()["setup_graphs"] == params // steady_state.SETTLE_BYTES  # two layers a graph
+    torch.testing.assert_close(out.sum().cpu(), eager(x).sum(), rtol=1e-6, atol=0)
