@@ -136,12 +136,11 @@ def test_two_graphs_a_step_no_eager_op(lazy_level, name):
         assert list(s["syncs"]) and all(source.startswith(read) for source in s["syncs"]), (i, s["syncs"])
         assert s["groups_fallen_back"] == {} and s["compiled_group_calls"] > 0, (i, s)
         assert i == 0 or s["interpreted_group_calls"] == 0, (i, s)  # step 0 runs TorchScript while it compiles
-    # The forward and backward graph compiles at steps 0 and 1 only: step
-    # 0's trace orders some of the router's ops otherwise than later steps
-    # (in every process; a cold or warm compile cache only moves the second
-    # compile's count between steps 0 and 1). Later misses: the
-    # optimizer's, for another set of experts stepping.
-    assert per_step[0]["groups_built"] > 0 and all(s["cache_misses"] <= 1 for s in per_step[2:])
+    # The forward and backward graph compiles at step 0 only (a refused
+    # automatic record kept the model's output alive into step 0's graph
+    # until capture released its frames: a second compile at step 1). Later
+    # misses: the optimizer's, for another set of experts stepping.
+    assert per_step[0]["groups_built"] > 0 and all(s["cache_misses"] <= 1 for s in per_step[1:]), per_step
 
 
 def test_zero_gradients_when_asked_one_graph_a_step():

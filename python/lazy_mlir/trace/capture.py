@@ -87,6 +87,7 @@ import operator
 import re
 import sys
 import threading
+import traceback
 import unittest.mock
 import warnings
 
@@ -665,6 +666,7 @@ class CapturedForward:
             python.restore()
             why = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}, "
                    f"at {syncs.user_source_of(error.__traceback__)}")
+            _release_frames(error)
             self._tell(f"{module}.forward could not be recorded, it runs op by op ({why})")
             metrics.count_capture("refused", module, why)
             self.refused.add(key)
@@ -802,6 +804,21 @@ class CapturedForward:
                                "would not be its forward's")
         record.aot = compiled
         return record
+
+
+def _release_frames(error: BaseException) -> None:
+    """Drops the locals of a refused record's frames. The error's traceback
+    holds them, and a frame holding the error makes a cycle that only the
+    garbage collector frees: until it runs, the lazy tensors in those frames
+    are live to LTC, so the step's graph makes them outputs, another graph
+    than every later step's (a Switch Transformers step compiled twice)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)
+            error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 class _LazyFakeTensorMode(torch._subclasses.FakeTensorMode):
