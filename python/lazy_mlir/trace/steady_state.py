@@ -11,21 +11,22 @@ LTC traces the first step differently from the next for two reasons:
 So before a model's first training forward its parameters are updated in
 place once (``mul_(1)``, exact) and synced by setup graphs of at most
 ``SETTLE_BYTES`` of parameters each (below), run in TorchScript (nothing to
-compile) and left out of the metrics' step figures (``setup_graphs``); and an optimizer's first step creates zero-filled state
-as device data. ``Config.auto_prepare`` (on by default) does both through
-global module and optimizer hooks; ``prepare(model, optimizer)`` does it
-explicitly. A settled parameter that is the only alias of its storage
-then becomes a functional base of its own (``_C.own_buffers``): its
-updates no longer go through the moved tensor and a regenerated view.
-With ``Config.capture`` "auto" (the default), the module settled at its
-first training call (the model: the first module a step calls with
-trainable lazy parameters; its submodules are settled with it) is captured
-too, before that call reads its ``forward``: the first step replays as every
-later one (see capture). The first call is seen by wrapping
-``nn.Module.__call__`` (a forward pre-hook runs after the call has read
-``forward``); the wrapper costs a Python frame per module call (~1 us), so
-it is in place only while a trainable parameter created on the lazy device
-(by ``.to("lazy")`` or built there) is not yet settled.
+compile) and left out of the metrics' step figures (``setup_graphs``); and
+an optimizer's first step creates zero-filled state as device data.
+``Config.auto_prepare`` (on by default) does both through global module and
+optimizer hooks; ``prepare(model, optimizer)`` does it explicitly. A
+settled parameter that is the only alias of its storage then becomes a
+functional base of its own (``_C.own_buffers``): its updates no longer go
+through the moved tensor and a regenerated view. With ``Config.capture``
+"auto" (the default), the module settled at its first training call (the
+model: the first module a step calls with trainable lazy parameters; its
+submodules are settled with it) is captured too, before that call reads its
+``forward``: the first step replays as every later one (see capture). The
+first call is seen by wrapping ``nn.Module.__call__`` (a forward pre-hook
+runs after the call has read ``forward``); the wrapper costs a Python frame
+per module call (~1 us), so it is in place only while a trainable parameter
+created on the lazy device (by ``.to("lazy")`` or built there) is not yet
+settled.
 SGD's first step is other math: its momentum buffer starts as a copy of
 the gradient, later ones are ``buf * momentum + grad * (1 - dampening)``.
 Without dampening (the default) a zero buffer gives the gradient's value
