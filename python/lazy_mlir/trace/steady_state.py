@@ -138,9 +138,9 @@ def _settle(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
 
 # A setup graph settles parameters of at most these bytes: it writes each
 # into a new buffer while the moved tensor's two copies (LTC's host copy and
-# its device data) are alive, which a graph of the whole model made a third
-# copy of it (GPT-2-small's shape: the peak of the whole run, 2.2 GB against
-# 1.9 without settling). Chunk by chunk, each frees what the next reuses.
+# its device data) are alive. One graph for the whole model held it three
+# times at once: at GPT-2-small's shape the run's peak, 2.2 GB against the
+# steady step's 1.96. Chunk by chunk, each frees what the next reuses.
 SETTLE_BYTES = 64 << 20
 
 
