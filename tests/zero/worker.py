@@ -1,6 +1,6 @@
 """One rank of a ZeRO test run (launched by tests/zero/test_zero.py under
-torchrun): trains a small GPT for a few AdamW steps on its slice of a fixed
-global batch and saves what the test compares with a single-process eager
+torchrun): trains a small GPT (``--zoo NAME``: a Hugging Face model of the
+zoo) for a few steps on its slice of a fixed global batch and saves what the test compares with a single-process eager
 run: the global losses, the final full state, memory and graph counts.
 
 With ``--resume-at K`` it also checkpoints after step K (full_state_dict and
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
 
 import torch
@@ -22,6 +23,9 @@ import lazy_mlir
 import lazy_mlir.zero as zero
 from lazy_mlir.cache import compile_cache
 from lazy_mlir.models import GPTConfig, gpt_batches, make_adamw, make_gpt
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "models"))
+import zoo  # noqa: E402  (tests/models/zoo.py: Hugging Face models nobody here wrote)
 
 # n_embd=36 and vocab 50: parameter sizes not divisible by 3 (or 2) ranks.
 CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=36, vocab_size=50, block_size=8, batch_size=6)
@@ -54,6 +58,7 @@ def main() -> None:
     parser.add_argument("--autocast", action="store_true", help="the forward under bfloat16 autocast")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="the model's")
     parser.add_argument("--level", default="O1", choices=("O0", "O1"), help="O0: TorchScript runs every group")
+    parser.add_argument("--zoo", default=None, help="a model of tests/models/zoo.py (tiny size) instead of the GPT")
     args = parser.parse_args()
     config = dataclasses.replace(CONFIG, batch_size=args.batch_size)
     torch.set_num_threads(1)
@@ -68,9 +73,20 @@ def main() -> None:
     lazy_mlir.init(args.level, progress=False)
     group_keys = record_group_keys()
 
+    dtype = getattr(torch, args.dtype)
+    if args.zoo:
+        spec = zoo.SPECS[args.zoo]
+        build, make_optimizer, compute_loss = (lambda seed=0: zoo.make_model(zoo_variant(args.zoo), dtype, seed),
+                                               spec.optimizer, spec.loss)
+        global_batches = zoo_batches(args.zoo, args.steps, args.batch_size, dtype)
+    else:
+        build, make_optimizer = (lambda seed=0: make_gpt(config, seed=seed)), make_adamw
+        compute_loss = (lambda model, x, y: model(x, y))
+        global_batches = gpt_batches(config, steps=args.steps)
+
     def setup(model):
-        model = model.to(getattr(torch, args.dtype)).to("lazy")
-        model, optimizer = zero.initialize(model, make_adamw(model), stage=args.stage,
+        model = model.to(dtype).to("lazy")
+        model, optimizer = zero.initialize(model, make_optimizer(model), stage=args.stage,
                                            prefetch_bytes=args.prefetch_bytes,
                                            persistence_threshold=args.persistence_threshold,
                                            reuse_bytes=args.reuse_bytes, reduce_scatter=args.reduce_scatter,
@@ -80,14 +96,13 @@ def main() -> None:
             lazy_mlir.capture(model)
         return model, optimizer
 
-    model, optimizer = setup(make_gpt(config))
-    rows = config.batch_size // world
-    batches = [(x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows])
-               for x, y in gpt_batches(config, steps=args.steps)]
+    model, optimizer = setup(build())
+    rows = args.batch_size // world
+    batches = [tuple(t[rank * rows:(rank + 1) * rows] for t in batch) for batch in global_batches]
     checkpoint = f"{args.out}.ckpt.rank{rank}"
     losses, memory, checkpoint_executions = [], None, 0
     lazy_mlir.metrics.reset()
-    for step, (x, y) in enumerate(batches):
+    for step, batch in enumerate(batches):
         if step == args.die_at_step and rank == world - 1:
             os._exit(3)  # a crashed rank: no clean shutdown
         if step == args.resume_at:
@@ -96,7 +111,7 @@ def main() -> None:
             checkpoint_executions = lazy_mlir.metrics.snapshot()["graph_executions"] - before
         group_keys["in_steps"] = True
         with torch.autocast("lazy", dtype=torch.bfloat16, enabled=args.autocast):
-            loss = model(x.to("lazy"), y.to("lazy"))
+            loss = compute_loss(model, *(t.to("lazy") for t in batch))
         loss.backward()
         optimizer.step()
         if step == args.steps - 1:
@@ -119,14 +134,14 @@ def main() -> None:
                                            if isinstance(v, torch.Tensor)})}
     if args.resume_at >= 0:
         saved = torch.load(checkpoint)
-        fresh = make_gpt(config, seed=1)  # other initial weights: only the checkpoint can make it match
+        fresh = build(seed=1)  # other initial weights: only the checkpoint can make it match
         fresh.load_state_dict(saved["model"])
         model, optimizer = setup(fresh)
         optimizer.load_state_dict(saved["optimizer"])
         resumed = []
         group_keys["in_steps"] = True  # the resumed steps: the graphs the first model compiled
-        for x, y in batches[args.resume_at:]:
-            loss = model(x.to("lazy"), y.to("lazy"))
+        for batch in batches[args.resume_at:]:
+            loss = compute_loss(model, *(t.to("lazy") for t in batch))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -135,6 +150,21 @@ def main() -> None:
         result.update(resumed_losses=global_mean(resumed), resumed_state=zero.full_state_dict(model))
     torch.save(result, f"{args.out}.rank{rank}")
     dist.destroy_process_group()
+
+
+def zoo_variant(name: str) -> zoo.Variant:
+    """The zoo model's tiny variant without dropout (its masks would be
+    drawn per rank, not as eager draws them for the global batch)."""
+    return zoo.base_variant(name, dropout=0.0)
+
+
+def zoo_batches(name: str, steps: int, batch_size: int, dtype: torch.dtype) -> list[tuple]:
+    """``steps`` global batches of ``batch_size`` rows for a zoo model (its
+    first length; floating inputs in ``dtype``): the ranks slice them, the
+    test's eager reference trains on them whole."""
+    variant, g = zoo_variant(name), torch.Generator().manual_seed(1)
+    batches = [zoo.SPECS[name].inputs(variant, batch_size, g) for _ in range(steps)]
+    return [tuple(t.to(dtype) if t.is_floating_point() else t for t in batch) for batch in batches]
 
 
 def record_group_keys() -> dict:
