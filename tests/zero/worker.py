@@ -80,7 +80,7 @@ def main() -> None:
                                                spec.optimizer, spec.loss)
         global_batches = zoo_batches(args.zoo, args.steps, args.batch_size, dtype)
     else:
-        build, make_optimizer = (lambda seed=0: make_gpt(config, seed=seed)), make_adamw
+        build, make_optimizer = (lambda seed=0: make_gpt(config, seed=seed).to(dtype)), make_adamw
         compute_loss = (lambda model, x, y: model(x, y))
         global_batches = gpt_batches(config, steps=args.steps)
 
