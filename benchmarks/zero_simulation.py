@@ -79,7 +79,7 @@ def _rank_of(world: int, shard_group: int, steps: int) -> dict:
     dist.destroy_process_group()
     return {"world": world, "shards": shard_group, "param_bytes": param_bytes, "memory": memory,
             "collective_bytes": {k: v / steps for k, v in s["collective_bytes"].items()},
-            "step_peak_bytes": _C.step_memory_stats()["peak_bytes"],
+            "step_peak_bytes": _C.step_memory_stats()["last_step_peak_bytes"],
             "mlir_passes_s": s["seconds"].get("stage.mlir_passes", 0.0),
             "fell_back": (s["fallback_count"], s["groups_fallen_back"], s["graph_executions"] != s["mark_steps"],
                           s["compiled_group_calls"] < steps)}

@@ -86,11 +86,6 @@ class StepMemory final : public c10::Allocator {
     peak_ = live_;
   }
 
-  void resetPeak() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    peak_ = live_;
-  }
-
   // The step that ends: its peak above what was live when it began (blocks
   // that outlive a step are state: the parameters a first step's graph
   // made, before donation writes them in place).
@@ -221,10 +216,6 @@ void releaseStepMemory() {
   if (StepMemory* memory = g_step_memory.load()) memory->release();
 }
 
-void resetStepMemoryPeak() {
-  if (StepMemory* memory = g_step_memory.load()) memory->resetPeak();
-}
-
 void stepMemoryStepEnded() {
   if (StepMemory* memory = g_step_memory.load()) memory->stepEnded();
 }
@@ -255,8 +246,6 @@ void bindStepMemory(pybind11::module& m) {
         "Keeps the large CPU buffers compiled groups allocate for the next step (runtime/step_memory.h).");
   m.def("release_step_memory", &releaseStepMemory, "Frees the buffers the step memory keeps.");
   m.def("step_memory_stats", &stepMemoryStats);
-  m.def("reset_step_memory_peak", &resetStepMemoryPeak,
-        "Starts step_memory_stats' peak_bytes again from the bytes live now (a phase's peak, measured apart).");
 }
 
 }  // namespace lazy_mlir

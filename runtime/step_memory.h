@@ -54,12 +54,11 @@ class StepMemoryScope {
 void setStepMemory(bool on);
 // Frees every cached block; the peak restarts from what is live.
 void releaseStepMemory();
-// cached_bytes, live_bytes, peak_bytes, last_step_peak_bytes and group_calls (scopes opened; the
-// counts of hits, misses and evicted blocks are RunStats').
+// cached_bytes, live_bytes, peak_bytes (the most bytes live at once since the
+// process began or the last release: the cache's bound is twice it),
+// last_step_peak_bytes (stepMemoryStepEnded's) and group_calls (scopes
+// opened; the counts of hits, misses and evicted blocks are RunStats').
 std::map<std::string, int64_t> stepMemoryStats();
-
-// stepMemoryStats' peak_bytes starts again from the bytes live now.
-void resetStepMemoryPeak();
 
 // At mark_step: last_step_peak_bytes becomes the ending step's peak above
 // the bytes live when it began (its activations and temporaries, not the

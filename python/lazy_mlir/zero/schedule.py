@@ -11,8 +11,9 @@ engine measures instead of guessing:
 1. ``STEPS`` steps of the static schedule after its compile: the median
    period between steps, and the step buffers' peak (what the compiled step
    allocates: gathered parameters, activations, gradients before their
-   reduction; ``_C.step_memory_stats`` on CPU, the CUDA allocator's peak
-   over the step on a GPU);
+   reduction, above what was live when the step began: the step memory's
+   ``last_step_peak_bytes`` on CPU, what ``lazy_mlir.memory`` reports; the
+   CUDA allocator's peak over the step on a GPU);
 2. a plan under the budget: the headroom (budget - peak) spent on reuse
    first: kept parameters cost about half the reuse distance at the peak
    (of the bytes used between a layer's two uses, half are the later
@@ -150,7 +151,7 @@ class ProfiledSchedule:
         metrics.record_zero_schedule(self.report)
 
 
-_cuda_base = 0  # CUDA bytes allocated at the last _reset_peak
+_cuda_base = 0  # CUDA bytes allocated at the step's first forward (_reset_peak)
 
 
 def _on_cuda() -> bool:
@@ -158,16 +159,19 @@ def _on_cuda() -> bool:
 
 
 def _reset_peak() -> None:
+    """On a GPU the CUDA allocator's peak starts again at each step's first
+    forward; on CPU the step memory keeps each step's peak itself."""
     global _cuda_base
-    _C.reset_step_memory_peak()
     if _on_cuda():
         torch.cuda.reset_peak_memory_stats()
         _cuda_base = torch.cuda.memory_allocated()
 
 
 def _peak() -> int:
-    """The step buffers' peak since _reset_peak: the step memory's on CPU,
-    the CUDA allocator's above what was allocated then on a GPU."""
+    """The step buffers' peak of the step that just ended: the step
+    memory's above what was live when the step began on CPU (what
+    ``lazy_mlir.memory`` reports), the CUDA allocator's above what was
+    allocated at its first forward on a GPU."""
     if _on_cuda():
         return torch.cuda.max_memory_allocated() - _cuda_base
-    return _C.step_memory_stats()["peak_bytes"]
+    return _C.step_memory_stats()["last_step_peak_bytes"]
