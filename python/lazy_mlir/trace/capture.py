@@ -384,13 +384,22 @@ def _direct_backward(ctx, *grads):
         # An input whose gradient comes only from outputs nothing used gets
         # None, as eagerly, where autograd never reaches it (not zeros: the
         # optimizer would step it, decaying its weights); the region takes
-        # zeros for those outputs.
+        # zeros for those outputs, one tensor per shape (a Hugging Face
+        # decoder's unused key/value caches: one traced node, not one each).
         positions = [None if sources <= unused else p for p, sources in zip(positions, record.gradient_sources)]
         device = next(grad.device for grad in grads if grad is not None)
-        grads = [torch.zeros(record.outputs[i].shape, dtype=record.outputs[i].dtype, device=device)
-                 if i in unused else grad for i, grad in enumerate(grads)]
+        zeros: dict = {}
+        grads = [grad if i not in unused else _zeros_like(record.outputs[i], device, zeros)
+                 for i, grad in enumerate(grads)]
     return (None, *_C.replay_backward(backward.region, ctx.saved, grads, backward.constants, positions,
                                       ctx.create_graph))
+
+
+def _zeros_like(output, device, made: dict) -> torch.Tensor:
+    key = (tuple(output.shape), output.dtype)
+    if key not in made:
+        made[key] = torch.zeros(key[0], dtype=key[1], device=device)
+    return made[key]
 
 
 def _gradient_sources(backward: torch.fx.GraphModule) -> list[frozenset]:
