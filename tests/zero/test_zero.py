@@ -70,6 +70,17 @@ def _assert_trained_like(result: dict, reference, tolerance: float = 1e-5) -> No
     assert metrics["compiled_group_calls"] >= STEPS  # generated code ran, not TorchScript
 
 
+def _assert_same_as_o0(results: list[dict], interpreted: list[dict]) -> None:
+    """Each rank's float64 run against the same rank at O0 (TorchScript ran
+    every group, the collectives as their eager kernels): losses at 1e-12,
+    state at 1e-10."""
+    for result, at_o0 in zip(results, interpreted, strict=True):
+        assert at_o0["metrics"]["compiled_group_calls"] == 0  # O0: nothing compiled, the reference
+        torch.testing.assert_close(result["losses"], at_o0["losses"], rtol=1e-12, atol=0)
+        for name, value in at_o0["state"].items():
+            torch.testing.assert_close(result["state"][name], value, rtol=1e-10, atol=1e-12, msg=name)
+
+
 # stage 2 takes gloo's reduce_scatter_tensor, stage 3 the all-to-all ("auto" on gloo)
 @pytest.mark.parametrize("stage,reduce_scatter", [(1, "auto"), (2, "reduce_scatter_tensor"), (3, "auto")])
 def test_zero_matches_single_process(stage, reduce_scatter, tmp_path):
@@ -92,16 +103,13 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path):
     float64 = ["--reduce-scatter", reduce_scatter, "--dtype", "float64"]
     results = _train(stage, tmp_path / "o1", extra=[*float64, "--resume-at", str(RESUME_AT)])
     interpreted = _train(stage, tmp_path / "o0", extra=[*float64, "--level", "O0"])
-    for result, at_o0 in zip(results, interpreted):
+    for result in results:
         _assert_trained_like(result, reference, tolerance=1e-10)
         torch.testing.assert_close(result["resumed_losses"], result["losses"][RESUME_AT:], rtol=1e-12, atol=0)
         assert result["resumed_state"].keys() == result["state"].keys()
         for name, value in result["state"].items():
             torch.testing.assert_close(result["resumed_state"][name], value, rtol=1e-10, atol=1e-12, msg=name)
-        assert at_o0["metrics"]["compiled_group_calls"] == 0  # O0: nothing compiled, the reference
-        torch.testing.assert_close(result["losses"], at_o0["losses"], rtol=1e-12, atol=0)
-        for name, value in at_o0["state"].items():
-            torch.testing.assert_close(result["state"][name], value, rtol=1e-10, atol=1e-12, msg=name)
+    _assert_same_as_o0(results, interpreted)
 
     # The session's cache folder may hold some groups already (the soak's
     # stage-1 runs); what this launch compiles, it compiles on one rank.
@@ -165,11 +173,7 @@ def test_stage3_on_hugging_face_models_matches_eager_and_o0(name, tmp_path):
             "--zoo", name, "--batch-size", str(rows), "--dtype", "float64", "--level", level])
     for result in runs["O1"]:
         _assert_trained_like(result, reference, tolerance=1e-10)
-    for compiled, interpreted in zip(runs["O1"], runs["O0"]):
-        assert interpreted["metrics"]["compiled_group_calls"] == 0  # O0: TorchScript ran every group
-        torch.testing.assert_close(compiled["losses"], interpreted["losses"], rtol=1e-12, atol=0)
-        for name_, value in interpreted["state"].items():
-            torch.testing.assert_close(compiled["state"][name_], value, rtol=1e-10, atol=1e-12, msg=name_)
+    _assert_same_as_o0(runs["O1"], runs["O0"])
     memory = runs["O1"][0]["memory"]
     assert memory["total"] <= 1.05 * memory["unsharded_total"] / world + 4096  # biases under the threshold
 
@@ -185,13 +189,16 @@ def test_hybrid_sharding_matches_single_process(stage, tmp_path):
     the same steps (the groups' names are the same on every rank): a stage-3
     step is compiled once for all 4 ranks, a stage-1/2 step once per rank of
     a shard group. Stage 3's rank 0 simulated alone on the fake process
-    group gives the same memory and bytes. In float64, against eager at 1e-10."""
+    group gives the same memory and bytes. In float64, against eager at 1e-10
+    and against the same mesh at O0."""
     world, rows = 4, 8
     ref_losses, ref_state, param_bytes = reference = _eager_reference(batch_size=rows, dtype=torch.float64)
-    results = _train(stage, tmp_path, world=world, extra=["--shard-group-size", "2", "--batch-size", str(rows),
-                                                          "--dtype", "float64"])
+    mesh = ["--shard-group-size", "2", "--batch-size", str(rows), "--dtype", "float64"]
+    (tmp_path / "o1").mkdir(), (tmp_path / "o0").mkdir()
+    results = _train(stage, tmp_path / "o1", world=world, extra=mesh)
     for result in results:
         _assert_trained_like(result, reference, tolerance=1e-10)
+    _assert_same_as_o0(results, _train(stage, tmp_path / "o0", world=world, extra=[*mesh, "--level", "O0"]))
     memory = results[0]["memory"]
     assert (memory["world_size"], memory["replicas"]) == (2, 2)
     assert memory["optimizer"] <= 1.05 * 2 * param_bytes / 2
@@ -254,9 +261,12 @@ def test_stage3_with_the_optimizer_offloaded_matches_single_process(tmp_path):
     """offload_optimizer: AdamW's state and the shards it updates live on
     the host; the device's step graph (one a step) is forward, backward and
     the reductions, with no optimizer op: eager's losses and state (float64,
-    1e-10), the state in host memory."""
+    1e-10) and the same ranks' at O0, the state in host memory."""
     ref_losses, ref_state, _ = _eager_reference(dtype=torch.float64)
-    results = _train(3, tmp_path, world=2, extra=["--offload-optimizer", "--dtype", "float64"])
+    offload = ["--offload-optimizer", "--dtype", "float64"]
+    (tmp_path / "o1").mkdir(), (tmp_path / "o0").mkdir()
+    results = _train(3, tmp_path / "o1", world=2, extra=offload)
+    _assert_same_as_o0(results, _train(3, tmp_path / "o0", world=2, extra=[*offload, "--level", "O0"]))
     for result in results:
         assert result["losses"].dtype == torch.float64
         torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-10, atol=0)
