@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import lazy_mlir
+from lazy_mlir.models import GPT, GPTConfig, gpt_batches, make_adamw
 from lazy_mlir.observe import metrics
 from helpers import CPU, LAZY, assert_compiled, assert_same_training, train
 
@@ -180,3 +181,54 @@ def test_torch_lazy_is_the_devices_module(lazy_level):
     torch.lazy.synchronize()  # waits for the step's graph
     assert torch.lazy.device_count() == 1 and torch.lazy.is_initialized()
     assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+class _CheckpointedGPT(GPT):
+    """lazy_mlir.models' GPT with each block under checkpoint(use_reentrant=False)."""
+
+    def forward(self, idx, targets):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def test_a_captured_checkpointed_model_recomputes_in_its_backward(lazy_level):
+    """The plain loop captures a model that checkpoints its blocks (no
+    random draw in them): recorded untagged, AOTAutograd's partitioner had
+    the forward save every activation and the backward recompute nothing,
+    so checkpointing freed no memory (the step's buffers peaked as without
+    it). Tagged as torch.compile tags a checkpoint, the backward recomputes
+    each block: eager's numbers in float64, every forward replayed, and
+    the step's buffers at their peak well under the plain model's."""
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=64, vocab_size=128, block_size=64, batch_size=8)
+    batches = [tuple(t for t in b) for b in gpt_batches(config, steps=3)]
+    peaks = {}
+    for cls in (GPT, _CheckpointedGPT):
+        def make(cls=cls):
+            torch.manual_seed(0)
+            return cls(config).double()
+        eager = train(make, make_adamw, batches, CPU)
+        metrics.reset()
+        model = make().to(LAZY)
+        opt = make_adamw(model)
+        losses = []
+        for x, y in batches:
+            loss = model(x.to(LAZY), y.to(LAZY))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch._lazy.mark_step()
+            losses.append(loss.item())
+        with torch.no_grad():
+            lazy = torch.tensor(losses), {n: p.cpu() for n, p in model.named_parameters()}
+        assert_same_training(eager, lazy, rtol=1e-10, atol=1e-12)
+        s = metrics.snapshot()
+        assert_compiled(s, calls=len(batches))
+        assert s["captured_calls"] == len(batches) and s["capture_refused"] == 0, metrics.report()
+        assert s["graph_executions"] == len(batches)
+        peaks[cls] = lazy_mlir.memory.snapshot(model, opt)["step_buffers_peak"]
+    # measured: 9.0 MiB against 15.4 (recorded untagged: 15.4)
+    assert peaks[_CheckpointedGPT] < 0.7 * peaks[GPT], {c.__name__: p for c, p in peaks.items()}
