@@ -19,16 +19,25 @@ STEPS, WORLD = 5, 3
 
 
 def _eager_reference(mixed: bool = False, batch_size: int = CONFIG.batch_size, steps: int = STEPS,
-                     dtype: torch.dtype = torch.float32):
+                     dtype: torch.dtype = torch.float32, zoo_model: str | None = None):
     """Losses and final state of plain eager training on the global batch
-    (``mixed``: its forward under CPU bfloat16 autocast), and the parameter bytes."""
-    config = dataclasses.replace(CONFIG, batch_size=batch_size)
-    model = make_gpt(config).to(dtype)
-    optimizer = make_adamw(model)
+    (``mixed``: its forward under CPU bfloat16 autocast; ``zoo_model``: that
+    zoo model, as worker.py --zoo trains it, instead of the GPT), and the
+    parameter bytes."""
+    if zoo_model:
+        from worker import zoo, zoo_batches, zoo_variant
+        model = zoo.make_model(zoo_variant(zoo_model), dtype)
+        optimizer, compute_loss = zoo.SPECS[zoo_model].optimizer(model), zoo.SPECS[zoo_model].loss
+        batches = zoo_batches(zoo_model, steps, batch_size, dtype)
+    else:
+        config = dataclasses.replace(CONFIG, batch_size=batch_size)
+        model = make_gpt(config).to(dtype)
+        optimizer, compute_loss = make_adamw(model), (lambda model, x, y: model(x, y))
+        batches = gpt_batches(config, steps=steps)
     losses = []
-    for x, y in gpt_batches(config, steps=steps):
+    for batch in batches:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-            loss = model(x, y)
+            loss = compute_loss(model, *batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -89,8 +98,8 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path):
     of those; float32's 1e-5 would hide a wrong gradient scaled by less) and
     against the same ranks at O0 (TorchScript runs every group, the
     collectives as their eager kernels); memory and collective bytes; each
-    group compiled by one rank (stage 3: the same
-    groups on every rank); and a checkpoint round trip: full_state_dict +
+    group compiled by one rank (stage 3: the same groups on every rank);
+    and a checkpoint round trip: full_state_dict +
     the optimizer's state_dict, saved after step RESUME_AT and loaded into a
     fresh model (other initial weights) set up again with zero.initialize,
     give the uninterrupted run's later losses and final state (a resume
@@ -154,18 +163,8 @@ def test_stage3_on_hugging_face_models_matches_eager_and_o0(name, tmp_path):
     Hugging Face GPT-2 (Conv1D weights, the embedding tied to the LM head),
     GPT-BigCode (multi-query attention: one key/value head split out of a
     fused c_attn) and BERT (a padding mask, masked-LM targets)."""
-    from worker import zoo, zoo_batches, zoo_variant
     world, rows = 2, 4
-    model = zoo.make_model(zoo_variant(name), torch.float64)
-    optimizer = zoo.SPECS[name].optimizer(model)
-    ref_losses = []
-    for batch in zoo_batches(name, STEPS, rows, torch.float64):
-        loss = zoo.SPECS[name].loss(model, *batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        ref_losses.append(loss.detach())
-    reference = (torch.stack(ref_losses), model.state_dict(), None)
+    reference = _eager_reference(batch_size=rows, dtype=torch.float64, zoo_model=name)
     runs = {}
     for level in ("O1", "O0"):
         (tmp_path / level).mkdir()

@@ -1,7 +1,8 @@
 """One rank of a ZeRO test run (launched by tests/zero/test_zero.py under
 torchrun): trains a small GPT (``--zoo NAME``: a Hugging Face model of the
-zoo) for a few steps on its slice of a fixed global batch and saves what the test compares with a single-process eager
-run: the global losses, the final full state, memory and graph counts.
+zoo) for a few steps on its slice of a fixed global batch and saves what
+the test compares with a single-process eager run: the global losses, the
+final full state, memory and graph counts.
 
 With ``--resume-at K`` it also checkpoints after step K (full_state_dict and
 this rank's optimizer state, through torch.save), and once the run is over
@@ -84,8 +85,8 @@ def main() -> None:
         compute_loss = (lambda model, x, y: model(x, y))
         global_batches = gpt_batches(config, steps=args.steps)
 
-    def setup(model):
-        model = model.to(dtype).to("lazy")
+    def setup(model):  # a model build() made, in the run's dtype
+        model = model.to("lazy")
         model, optimizer = zero.initialize(model, make_optimizer(model), stage=args.stage,
                                            prefetch_bytes=args.prefetch_bytes,
                                            persistence_threshold=args.persistence_threshold,
