@@ -23,6 +23,7 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
       {"device_data_recycled", device_data_recycled.load()},
       {"step_memory_hits", step_memory_hits.load()}, {"step_memory_misses", step_memory_misses.load()},
       {"step_memory_evicted", step_memory_evicted.load()},
+      {"step_memory_planned", step_memory_planned.load()},
       {"dead_draws_kept", dead_draws_kept.load()},
   };
 }
@@ -31,7 +32,7 @@ void RunStats::reset() {
   for (auto* c : {&compiles, &compile_ns, &groups_built, &groups_rejected, &executions,
                   &execute_ns, &group_calls, &group_ns, &native_calls, &native_ns, &rebinds, &group_outputs, &group_output_bytes,
                   &outputs_in_place, &in_place_bytes, &donor_copies, &donor_copy_bytes,
-                  &device_data_recycled, &step_memory_hits, &step_memory_misses, &step_memory_evicted,
+                  &device_data_recycled, &step_memory_hits, &step_memory_misses, &step_memory_evicted, &step_memory_planned,
                   &dead_draws_kept}) {
     c->store(0);
   }

@@ -37,6 +37,7 @@ struct RunStats {
   std::atomic<int64_t> step_memory_hits{0};
   std::atomic<int64_t> step_memory_misses{0};
   std::atomic<int64_t> step_memory_evicted{0};
+  std::atomic<int64_t> step_memory_planned{0};
   // Random ops nothing used, run as eager would (dead_draws.h).
   std::atomic<int64_t> dead_draws_kept{0};
 

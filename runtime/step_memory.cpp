@@ -3,6 +3,8 @@
 #include "run_stats.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <malloc.h>
+#include <sys/mman.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -22,6 +24,76 @@ constexpr size_t kMinBytes = 64 * 1024;
 // A cached block no request took over this many group calls is freed: a
 // step runs a few groups, each asking again for the sizes it freed.
 constexpr uint64_t kMaxIdleCalls = 16;
+// Offsets in a plan's arena keep c10's alignment.
+constexpr size_t kAlign = 64;
+// Steps in a row that did not follow the plan the step before made, before
+// planning stops until new code (release()): sizes that never repeat.
+constexpr int kMaxReplans = 3;
+constexpr size_t kNotPlanned = static_cast<size_t>(-1);
+// A step with more large allocations than this is not planned (the
+// planner's time grows with their square).
+constexpr size_t kMaxPlanned = 8192;
+
+// One step's allocations in the order they came: their sizes and when each
+// was allocated and freed, on one clock of both (kNotPlanned: not freed
+// within the step, such as an output that outlives it).
+struct TraceEntry {
+  size_t size;
+  size_t allocated, freed;
+};
+
+// Offsets in one arena for the buffers of a step whose allocations repeat
+// (XLA's buffer assignment, on a recorded step): two buffers share bytes
+// only if their lifetimes did not overlap. Greedy by size, largest first,
+// each at the lowest offset clear of those placed that live at the same
+// time: within a few percent of the bytes live at the step's peak.
+struct Plan {
+  std::vector<size_t> offsets;  // by allocation index; kNotPlanned for buffers that outlive the step
+  std::vector<size_t> sizes;
+  size_t bytes = 0;
+  c10::DataPtr arena;              // allocated at the first buffer it serves
+  std::map<size_t, size_t> live;   // offset -> end of the buffers handed out and not yet freed
+
+  explicit Plan(const std::vector<TraceEntry>& trace) {
+    offsets.assign(trace.size(), kNotPlanned);
+    sizes.reserve(trace.size());
+    std::vector<size_t> order;
+    for (size_t i = 0; i < trace.size(); ++i) {
+      sizes.push_back(trace[i].size);
+      if (trace[i].freed != kNotPlanned) order.push_back(i);
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return trace[a].size > trace[b].size; });
+    std::vector<size_t> placed;
+    std::vector<std::pair<size_t, size_t>> taken;  // [offset, end) of placed buffers alive at the same time
+    for (size_t i : order) {
+      const size_t need = (trace[i].size + kAlign - 1) / kAlign * kAlign;
+      taken.clear();
+      for (size_t j : placed) {
+        if (trace[j].allocated < trace[i].freed && trace[i].allocated < trace[j].freed) {
+          taken.emplace_back(offsets[j], offsets[j] + (trace[j].size + kAlign - 1) / kAlign * kAlign);
+        }
+      }
+      std::sort(taken.begin(), taken.end());
+      size_t at = 0;
+      for (const auto& [begin, end] : taken) {
+        if (begin >= at + need) break;
+        at = std::max(at, end);
+      }
+      offsets[i] = at;
+      bytes = std::max(bytes, at + need);
+      placed.push_back(i);
+    }
+  }
+
+  // Whether [offset, offset + n) is clear of the buffers handed out (a step
+  // whose buffers live longer than the recorded one's gets no shared bytes).
+  bool clear(size_t offset, size_t n) const {
+    auto next = live.lower_bound(offset);
+    if (next != live.end() && next->first < offset + n) return false;
+    return next == live.begin() || std::prev(next)->second <= offset;
+  }
+};
 
 thread_local bool tl_in_group = false;
 
@@ -32,8 +104,17 @@ class StepMemory final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (!tl_in_group || n < kMinBytes || !on_.load(std::memory_order_relaxed)) return base_->allocate(n);
     std::lock_guard<std::mutex> lock(mutex_);
-    void* data = takeCached(n);
+    const size_t index = trace_.size();
+    if (index < kMaxPlanned) trace_.push_back({n, clock_++, kNotPlanned});
+    void* data = index < kMaxPlanned ? fromPlan(index, n) : nullptr;
     if (data != nullptr) {
+      RunStats::get().step_memory_planned.fetch_add(1);
+    } else if (planning_ && !followed_) {
+      // a run's first steps, planned from: their own pages, given back as
+      // they are freed, so that the buffers they hold never exceed those live
+      data = mapFresh(n);
+      RunStats::get().step_memory_misses.fetch_add(1);
+    } else if ((data = takeCached(n)) != nullptr) {
       RunStats::get().step_memory_hits.fetch_add(1);
     } else {
       evictFor(n);
@@ -42,6 +123,9 @@ class StepMemory final : public c10::Allocator {
       blocks_.emplace(data, Block{std::move(fresh), n, lru_.end(), 0});
       RunStats::get().step_memory_misses.fetch_add(1);
     }
+    Block& block = blocks_.at(data);
+    block.step = step_;
+    block.index = index;
     live_ += n;
     peak_ = std::max(peak_, live_);
     step_peak_ = std::max(step_peak_, live_);
@@ -77,22 +161,52 @@ class StepMemory final : public c10::Allocator {
     if (!on) release();
   }
 
+  // New code: new sizes are likely. The plan goes too (its arena once no
+  // buffer of it is live) and the next steps are planned afresh.
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (void* data : lru_) blocks_.erase(data);  // the wrapped allocator's DataPtr frees it
-    lru_.clear();
-    free_.clear();
-    cached_ = 0;
+    dropCache();
     peak_ = live_;
+    plan_.reset();
+    followed_ = false;
+    planning_ = true;
+    replans_ = strays_ = 0;
   }
 
   // The step that ends: its peak above what was live when it began (blocks
   // that outlive a step are state: the parameters a first step's graph
   // made, before donation writes them in place).
+  //
+  // The step's allocations become the next step's plan unless they
+  // followed the current one (one step that strays keeps a plan that
+  // served: an evaluation between training steps).
   void stepEnded() {
     std::lock_guard<std::mutex> lock(mutex_);
     last_step_peak_ = step_peak_ - std::min(step_peak_, step_start_live_);
     step_start_live_ = step_peak_ = live_;
+    if (!trace_.empty() && planning_) {
+      const bool followed = plan_ && !strayed_ && plan_->sizes.size() == trace_.size();
+      if (followed) {
+        followed_ = true;
+        replans_ = strays_ = 0;
+      } else if (followed_ && ++strays_ < 2) {
+        // one other step (an evaluation between training steps) keeps the
+        // plan: it took its buffers from the free lists
+      } else if (++replans_ > kMaxReplans || trace_.size() >= kMaxPlanned) {
+        plan_.reset();
+        planning_ = false;  // until release(): the free lists serve every step
+      } else {
+        plan_ = std::make_shared<Plan>(trace_);
+        // the free lists' blocks are what the arena replaces: held beside it
+        // (or by glibc, freed), the first planned step would hold both
+        dropCache();
+        malloc_trim(0);
+      }
+    }
+    trace_.clear();
+    clock_ = 0;
+    strayed_ = false;
+    ++step_;
   }
 
   std::map<std::string, int64_t> stats() {
@@ -101,16 +215,58 @@ class StepMemory final : public c10::Allocator {
             {"live_bytes", static_cast<int64_t>(live_)},
             {"peak_bytes", static_cast<int64_t>(peak_)},
             {"last_step_peak_bytes", static_cast<int64_t>(last_step_peak_)},
+            {"planned_bytes", static_cast<int64_t>(plan_ && plan_->arena ? plan_->bytes : 0)},
             {"group_calls", static_cast<int64_t>(calls_.load())}};
   }
 
  private:
   struct Block {
-    c10::DataPtr base;                // the wrapped allocator's buffer
+    c10::DataPtr base;                // the wrapped allocator's buffer (none: a plan's)
     size_t size;
     std::list<void*>::iterator lru;   // in lru_ while cached, else lru_.end()
     uint64_t freed_at;                // calls_ when it was cached
+    uint64_t step = 0;                // step_ when allocated, and its index in that step
+    size_t index = 0;
+    std::shared_ptr<Plan> plan;       // the plan whose arena holds it
+    size_t offset = 0;
+    bool mapped = false;              // mapFresh()'s
   };
+
+  void* mapFresh(size_t n) {
+    void* data = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(data != MAP_FAILED, "lazy_mlir: out of memory allocating ", n, " bytes");
+    Block block{c10::DataPtr(), n, lru_.end(), 0};
+    block.mapped = true;
+    blocks_.emplace(data, std::move(block));
+    return data;
+  }
+
+  // The plan's buffer for the step's `index`th allocation, if the step
+  // still follows the plan and its bytes are clear.
+  void* fromPlan(size_t index, size_t n) {
+    if (!plan_ || strayed_) return nullptr;
+    if (index >= plan_->sizes.size() || plan_->sizes[index] != n) {
+      strayed_ = true;  // other sizes: the rest of the step from the free lists
+      return nullptr;
+    }
+    const size_t offset = plan_->offsets[index];
+    if (offset == kNotPlanned || !plan_->clear(offset, n)) return nullptr;
+    if (!plan_->arena) plan_->arena = base_->allocate(plan_->bytes);
+    void* data = static_cast<char*>(plan_->arena.get()) + offset;
+    plan_->live.emplace(offset, offset + n);
+    Block block{c10::DataPtr(), n, lru_.end(), 0};
+    block.plan = plan_;
+    block.offset = offset;
+    blocks_.emplace(data, std::move(block));
+    return data;
+  }
+
+  void dropCache() {
+    for (void* data : lru_) blocks_.erase(data);  // the wrapped allocator's DataPtr frees it
+    lru_.clear();
+    free_.clear();
+    cached_ = 0;
+  }
 
   void* takeCached(size_t n) {
     auto it = free_.find(n);
@@ -131,8 +287,13 @@ class StepMemory final : public c10::Allocator {
   // peak, each such miss evicts a block the step needs later, which misses
   // in turn, every step. With the slack the peak rises to take the overlap
   // in and the steps after hit every time.
+  //
+  // Before a plan has served a whole step (a run's first steps), the bound
+  // is the peak itself: the free lists of those steps are what sets the
+  // run's peak resident size, and they are dropped for the arena anyway.
   void evictFor(size_t n) {
-    while (cached_ > 0 && live_ + cached_ + n > 2 * peak_) evictOldest();
+    const size_t bound = followed_ || !planning_ ? 2 * peak_ : peak_;
+    while (cached_ > 0 && live_ + cached_ + n > bound) evictOldest();
   }
 
   void evictOldest() {
@@ -156,6 +317,17 @@ class StepMemory final : public c10::Allocator {
     }
     Block& block = it->second;
     live_ -= block.size;
+    if (block.step == step_ && block.index < trace_.size()) trace_[block.index].freed = clock_++;
+    if (block.plan) {
+      block.plan->live.erase(block.offset);
+      blocks_.erase(it);  // the last buffer of a replaced plan frees its arena
+      return;
+    }
+    if (block.mapped) {
+      munmap(data, block.size);
+      blocks_.erase(it);
+      return;
+    }
     if (!on_.load(std::memory_order_relaxed)) {
       blocks_.erase(it);
       return;
@@ -176,6 +348,16 @@ class StepMemory final : public c10::Allocator {
   size_t cached_ = 0, live_ = 0, peak_ = 0;
   size_t step_start_live_ = 0, step_peak_ = 0, last_step_peak_ = 0;  // stepEnded()'s
   std::atomic<uint64_t> calls_{0};  // group calls begun (outermost scopes): no lock on the way in
+  // planning (stepEnded()): this step's allocations, the plan the last step made
+  std::vector<TraceEntry> trace_;
+  size_t clock_ = 0;
+  uint64_t step_ = 0;
+  std::shared_ptr<Plan> plan_;
+  bool strayed_ = false;   // this step asked for other sizes than the plan's
+  bool followed_ = false;  // a step took its buffers from a plan (since release())
+  bool planning_ = true;   // false after kMaxReplans steps in a row that did not repeat
+  int replans_ = 0;
+  int strays_ = 0;  // steps in a row that did not follow a plan that had been followed
 };
 
 // Never destroyed: tensors may be freed during interpreter shutdown.
@@ -223,7 +405,8 @@ void stepMemoryStepEnded() {
 std::map<std::string, int64_t> stepMemoryStats() {
   StepMemory* memory = g_step_memory.load();
   if (memory != nullptr) return memory->stats();
-  return {{"cached_bytes", 0}, {"live_bytes", 0}, {"peak_bytes", 0}, {"last_step_peak_bytes", 0}, {"group_calls", 0}};
+  return {{"cached_bytes", 0}, {"live_bytes", 0}, {"peak_bytes", 0}, {"last_step_peak_bytes", 0}, {"planned_bytes", 0},
+          {"group_calls", 0}};
 }
 
 namespace {

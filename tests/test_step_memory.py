@@ -1,5 +1,6 @@
 """Step memory (runtime/step_memory.h): the large CPU buffers compiled groups
-allocate are kept for the next step's requests of the same size."""
+allocate are planned in one arena once a step repeats, or kept for the next
+step's requests of the same size."""
 import pytest
 import torch
 import torch.nn as nn
@@ -37,16 +38,16 @@ def _batches(steps=6):
 
 def _counts():
     s = _C.stats()
-    return s["step_memory_hits"], s["step_memory_misses"]
+    return s["step_memory_planned"], s["step_memory_hits"], s["step_memory_misses"]
 
 
 def _reset_after_warmup(i):
-    if i == 1:  # steps 0-1 compile (and the first steady step allocates its buffers once)
+    if i == 1:  # step 0 compiles, step 1 repeats it: planned from step 2 on
         metrics.reset()
 
 
 @pytest.mark.parametrize("lazy_level", ["O1"], indirect=True)
-def test_steady_steps_take_every_large_buffer_from_the_last_step(lazy_level):
+def test_steady_steps_take_every_large_buffer_from_the_plan(lazy_level):
     eager = train(_make, sgd_momentum, _batches(), CPU)
     lazy = train(_make, sgd_momentum, _batches(), LAZY, after_step=_reset_after_warmup)
     s = metrics.snapshot()
@@ -54,8 +55,12 @@ def test_steady_steps_take_every_large_buffer_from_the_last_step(lazy_level):
     assert_compiled(s, calls=4)
     # at least 3 buffers of 64 KiB and up a step: activations and their
     # gradients (fc1's weight and momentum too, where not written in place)
-    assert s["step_memory_hits"] >= 3 * 4, s
-    assert s["step_memory_misses"] == 0, s
+    assert s["step_memory_planned"] >= 3 * 4, s
+    assert (s["step_memory_hits"], s["step_memory_misses"]) == (0, 0), s
+    stats = _C.step_memory_stats()
+    # the arena: about the step's peak (buffers whose lifetimes do not overlap share bytes)
+    assert 0 < stats["planned_bytes"] <= 1.25 * stats["last_step_peak_bytes"], stats
+    assert stats["cached_bytes"] == 0, stats
 
 
 def test_off_keeps_the_allocators_buffers():
@@ -65,14 +70,85 @@ def test_off_keeps_the_allocators_buffers():
         train(_make, sgd_momentum, _batches(4), LAZY, after_step=_reset_after_warmup)
         s = metrics.snapshot()
         assert_compiled(s, calls=2)
-        assert (s["step_memory_hits"], s["step_memory_misses"]) == (0, 0)
-        assert _C.step_memory_stats()["cached_bytes"] == 0
+        assert (s["step_memory_planned"], s["step_memory_hits"], s["step_memory_misses"]) == (0, 0, 0)
+        assert _C.step_memory_stats()["cached_bytes"] == _C.step_memory_stats()["planned_bytes"] == 0
     finally:
         lazy_mlir.init("O1")
 
 
+def _step(sizes_mib, keep=()):
+    """One step of a group allocating ``sizes_mib`` (+4 KiB) in turn, each
+    freed before the next is allocated unless its index is in ``keep``
+    (returned: live past the step); their addresses."""
+    kept, addresses = [], []
+    with _C.StepMemoryScope():
+        for i, size in enumerate(sizes_mib):
+            t = torch.full((size * MIB + 4096,), i + 1, dtype=torch.uint8)
+            addresses.append(t.data_ptr())
+            if i in keep:
+                kept.append(t)
+            del t
+    torch._lazy.mark_step()
+    return addresses, kept
+
+
+def test_a_repeating_step_is_planned_in_one_arena():
+    lazy_mlir.init("O1")
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+    first, _ = _step([3, 2, 1])  # its own pages, unmapped when freed: nothing kept
+    assert _C.step_memory_stats()["cached_bytes"] == 0
+    before = _counts()
+    second, _ = _step([3, 2, 1])  # the plan the first made
+    planned, hits, misses = (a - b for a, b in zip(_counts(), before))
+    assert (planned, hits, misses) == (3, 0, 0)
+    stats = _C.step_memory_stats()
+    # one at a time: all at offset 0 of an arena of the largest
+    assert len(set(second)) == 1 and stats["planned_bytes"] == 3 * MIB + 4096
+    third, _ = _step([3, 2, 1])
+    assert third == second
+
+
+def test_a_buffer_held_past_its_step_keeps_its_bytes():
+    lazy_mlir.init("O1")
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+    for _ in range(2):
+        _step([2, 2])
+    addresses, kept = _step([2, 2], keep={0})  # planned: both at offset 0; the first one held
+    assert addresses[0] != addresses[1]  # the second did not take the held one's bytes
+    assert torch.all(kept[0] == 1)
+    _step([2, 2])  # the step after: its first buffer cannot have those bytes either
+    assert torch.all(kept[0] == 1)
+
+
+def test_a_step_of_other_sizes_keeps_the_plan_and_takes_the_free_lists():
+    lazy_mlir.init("O1")
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+    for _ in range(2):
+        planned_at, _ = _step([3, 1])
+    before = _counts()
+    _step([5])  # an evaluation step between training steps
+    planned, hits, misses = (a - b for a, b in zip(_counts(), before))
+    assert (planned, misses) == (0, 1)
+    again, _ = _step([3, 1])
+    assert again == planned_at
+    assert _counts()[0] - before[0] == 2
+
+
+def _free_lists_only():
+    """Steps whose sizes never repeat: planning stops, the free lists serve."""
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+    for k in range(5):
+        _step([k + 20])
+    assert _C.step_memory_stats()["planned_bytes"] == 0
+
+
 def test_only_buffers_allocated_in_a_group_are_cached():
     lazy_mlir.init("O1")
+    _free_lists_only()
     before = _counts()
     outside = torch.empty(3 * MIB + 4096, dtype=torch.uint8)
     del outside
@@ -90,13 +166,16 @@ def test_only_buffers_allocated_in_a_group_are_cached():
         again = torch.empty(3 * MIB + 4096, dtype=torch.uint8)
         other = torch.empty(3 * MIB + 8192, dtype=torch.uint8)  # another size: not that block
     assert again.data_ptr() == address and other.data_ptr() != address
-    hits, misses = _counts()
-    assert (hits - before[0], misses - before[1]) == (1, 2)
+    planned, hits, misses = _counts()
+    assert (planned - before[0], hits - before[1], misses - before[2]) == (0, 1, 2)
 
 
 def test_the_cache_stays_bounded_and_lets_idle_blocks_go():
     lazy_mlir.init("O1")
-    _C.release_step_memory()
+    _free_lists_only()
+    for _ in range(17):  # the steps' blocks go idle
+        with _C.StepMemoryScope():
+            pass
     assert _C.step_memory_stats()["cached_bytes"] == 0
     with _C.StepMemoryScope():
         held = [torch.empty((k + 1) * MIB, dtype=torch.uint8) for k in range(4)]  # 10 MiB live at once

@@ -101,11 +101,12 @@ class Config:
     # (lazy_mlir.codegen.native_call); read at each init(), for every group.
     # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
     native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
-    # Keep the large CPU buffers compiled groups allocate (64 KiB and up) for
-    # the next step's same-sized ones, instead of glibc unmapping them and the
-    # next step faulting fresh pages in (runtime/step_memory.h; the cache never
-    # holds more than the groups' buffers' peak). LAZY_MLIR_STEP_MEMORY=0
-    # turns it off.
+    # Give the large CPU buffers compiled groups allocate (64 KiB and up) the
+    # offsets of one arena planned from the last step when steps repeat, and
+    # keep the others for the next step's same-sized ones, instead of glibc
+    # unmapping them and the next step faulting fresh pages in
+    # (runtime/step_memory.h: the arena holds about the step's peak).
+    # LAZY_MLIR_STEP_MEMORY=0 turns it off.
     step_memory: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_STEP_MEMORY", True))
     # A CPU group's large float32 matrix products on oneDNN instead of MKL:
     # linears (forward, input gradient) on its inner product, weight

@@ -81,7 +81,7 @@ def snapshot(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimi
         "gradients": _bytes(p.grad for p in params if p.grad is not None),
         "optimizer_state": _bytes(state),
         "step_buffers_peak": step["last_step_peak_bytes"],
-        "step_buffers_kept": step["cached_bytes"],
+        "step_buffers_kept": step["cached_bytes"] + step["planned_bytes"],
         "heap_in_use": in_use,
         "heap_free_kept": free,
         "resident": _resident(),

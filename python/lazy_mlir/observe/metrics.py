@@ -326,8 +326,10 @@ def snapshot() -> dict:
         "cuda_graphs_captured": cuda_graphs.get("captured", 0),
         "cuda_graph_replays": cuda_graphs.get("replayed", 0),
         "cuda_graph_refusals": cuda_graph_refusals,
-        # large CPU buffers of compiled groups taken from last step's (runtime/step_memory.h),
-        # allocated anew, freed to keep the cache under its bound
+        # large CPU buffers of compiled groups (runtime/step_memory.h): at their offset in a
+        # repeating step's plan, taken from last step's, allocated anew, freed to keep the cache
+        # under its bound
+        "step_memory_planned": stats["step_memory_planned"],
         "step_memory_hits": stats["step_memory_hits"],
         "step_memory_misses": stats["step_memory_misses"],
         "step_memory_evicted": stats["step_memory_evicted"],
