@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 
 from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, best_line, check_lazy, compile_fn,
                      emit, empty_caches, excess_s, exit_if_failed, in_modes, median_ms, mode_refused, modes_legend,
@@ -55,7 +54,7 @@ from harness import (COMPILE_ROWS, NAN, Col, StepSplit, Table, backing_device, b
 MODEL_OPT_ROWS = in_modes("compile_model_opt")
 # by default (--only not given) those the backing device runs (harness.runnable)
 VARIANTS = ["eager", "compile_model", *MODEL_OPT_ROWS, "ts_lazy", "lazy_mlir_O0", "lazy_mlir_O1",
-            "lazy_mlir_O1_op_by_op", "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_capture",
+            "lazy_mlir_O1_op_by_op", "lazy_mlir_O1_unfused_opt", "lazy_mlir_O1_budget", "lazy_mlir_O1_capture",
             "lazy_mlir_O1_capture_no_cuda_graphs", "lazy_mlir_O2"]
 # lazy_mlir rows: level and init() options
 LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_mlir_O2": ("O2", {}),
@@ -63,12 +62,16 @@ LAZY_MLIR_ROWS = {"lazy_mlir_O0": ("O0", {}), "lazy_mlir_O1": ("O1", {}), "lazy_
                   "lazy_mlir_O1_unfused_opt": ("O1", {"fuse_optimizer": False}),
                   # every call traced op by op (Config.capture "off"; lazy_mlir_O1 captures the model by itself)
                   "lazy_mlir_O1_op_by_op": ("O1", {"capture": "off"}),
+                  # init(memory_budget=--memory-budget x the eager row's peak RSS): runs after that row
+                  "lazy_mlir_O1_budget": ("O1", {}),
                   "lazy_mlir_O1_capture": ("O1", {}),
                   # on a GPU: the groups' code called kernel by kernel (Config.cuda_graphs off)
                   "lazy_mlir_O1_capture_no_cuda_graphs": ("O1", {"cuda_graphs": False})}
 CAPTURE_CALLED_ROWS = {"lazy_mlir_O1_capture", "lazy_mlir_O1_capture_no_cuda_graphs"}  # lazy_mlir.capture(model)
 # rows whose model must replay every step: those, and the plain loop's automatic capture
-CAPTURED_ROWS = {"lazy_mlir_O1", *CAPTURE_CALLED_ROWS}
+CAPTURED_ROWS = {"lazy_mlir_O1", "lazy_mlir_O1_budget", *CAPTURE_CALLED_ROWS}
+BUDGET_ROW = "lazy_mlir_O1_budget"
+SETTLE_LIMIT = 40  # steps the budget row may take to choose what to recompute
 
 
 # --shape: GPT-mini (lazy_mlir.models' defaults), or GPT-2 small's layers
@@ -131,6 +134,12 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
     split = StepSplit() if variant.startswith("lazy_mlir") else None
     step, cfg = _step_fn(variant, init_options or {}, split, shape)
     warm_up = {}
+    settled = 0
+    if variant == BUDGET_ROW:  # steps until it chose (measured in turn), then warm-up and timed steps as any row's
+        for settled, batch in enumerate(gpt_batches(cfg, SETTLE_LIMIT, seed=2), 1):
+            step(*batch)
+            if metrics.snapshot()["memory_budget"]["chosen_fraction"] is not None:
+                break
 
     def at_warmup():
         warm_up.update(metrics.snapshot())
@@ -142,7 +151,8 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
         "variant": variant,
         "ms_per_step": median,
         "compile_s": excess_s(times[:warmup], median / 1000),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # the run's: getrusage's unless a memory budget's measurements reset it (lazy_mlir.memory)
+        "peak_rss_mb": memory.snapshot()["peak_resident"] / 2**20,
         # lazy_mlir.memory's parts (bytes) after the last step; the step's buffers: lazy rows only
         "memory": memory.snapshot(step.model, step.optimizer),
         "steps": steps,
@@ -159,6 +169,10 @@ def run_variant(variant: str, steps: int, warmup: int, init_options: dict | None
             "cache": "cold" if warm_up["group_cache_misses"] else "warm",
         })
         why = _lazy_failure(variant, steps)
+        if variant == BUDGET_ROW:
+            result.update(memory_budget=s["memory_budget"], settle_steps=settled)
+            if s["memory_budget"]["chosen_fraction"] is None:
+                why = f"chose nothing to recompute in {SETTLE_LIMIT} steps"
         if why:
             result["failed"] = why
     elif variant == "ts_lazy":
@@ -236,6 +250,23 @@ def run_in_subprocess(variant: str, steps: int, warmup: int, init_options: dict 
         return run_child(__file__, args, env)
 
 
+def _print_budget(r: dict, ratio: float) -> None:
+    mb = r["memory_budget"]
+    budget, peak = mb["budget_bytes"] / 2**20, r["peak_rss_mb"]
+    print(f"  {BUDGET_ROW}: init(memory_budget={ratio} x eager's peak RSS = {budget:,.0f} MiB); chose "
+          f"{float(mb['chosen_fraction']):.0%} of the model's blocks checkpointed ({mb['why']}) after "
+          f"{r['settle_steps']} steps; the run's peak RSS {peak:,.0f} MiB: "
+          + ("within the budget" if peak <= budget else "OVER the budget"))
+    for fraction, m in sorted(mb["measured"].items(), key=lambda kv: float(kv[0])):
+        print(f"    {float(fraction):.0%} checkpointed: step peak RSS {m['peak_bytes'] / 2**20:,.0f} MiB, step buffers "
+              f"{m['step_buffers_bytes'] / 2**20:,.0f} MiB, step {m['step_seconds'] * 1e3:,.0f} ms")
+    for entry in mb["partitions"]:
+        for fraction, p in entry.items():
+            if isinstance(p, dict):  # JSON keys: strings
+                print(f"    {entry['module']} with {float(fraction):.0%} of its {entry['blocks']} blocks "
+                      f"checkpointed: saves {p['saved_bytes'] / 2**20:,.1f} MiB, recomputes {p['recomputed_ops']} ops")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
@@ -253,6 +284,9 @@ def main():
     parser.add_argument("--shape", choices=list(SHAPES), default="mini",
                         help="GPT-mini, or GPT-2 small's layers (12 x 768) with a vocabulary of 8192, "
                              "sequences of 256, batches of 2")
+    parser.add_argument("--memory-budget", type=float, default=0.8,
+                        help=f"{BUDGET_ROW}'s init(memory_budget=...), as this times the eager row's peak RSS "
+                             "(the eager row runs before it)")
     parser.add_argument("--json", default="gpt_step.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--init-options", default="{}", help="JSON dict for lazy_mlir.init()")
@@ -269,13 +303,24 @@ def main():
         exit_if_failed(failed)
         return
 
+    seen: dict[str, dict] = {}
+
     def run(variant):
+        seen[variant] = run_row(variant)
+        return seen[variant]
+
+    def run_row(variant):
         why = mode_refused(variant, backing_device())
         if why:  # e.g. reduce-overhead off CUDA: FAILED without a process
             return {"failed": why}
+        options = json.loads(args.init_options)
+        if variant == BUDGET_ROW:
+            if "peak_rss_mb" not in seen.get("eager", {}):
+                return {"failed": "needs the eager row's peak RSS: list eager before it in --only"}
+            options["memory_budget"] = int(args.memory_budget * seen["eager"]["peak_rss_mb"] * 2**20)
         # The stock TS backend takes seconds per step (eager fallbacks): fewer steps, one round.
         steps, warmup = (min(args.steps, 5), min(args.warmup, 2)) if variant == "ts_lazy" else (args.steps, args.warmup)
-        return run_in_subprocess(variant, steps, warmup, json.loads(args.init_options), args.cold_cache, args.shape)
+        return run_in_subprocess(variant, steps, warmup, options, args.cold_cache, args.shape)
     # Timings on these machines drift: interleave the variants round by round
     # and keep, per variant, the round with the median step time.
     results = run_rounds(args.rounds, args.only.split(",") if args.only else runnable(VARIANTS, backing_device()), run,
@@ -305,7 +350,10 @@ def main():
     if "ts_lazy" in ok:
         print("  ts_lazy: the stock torch._lazy TorchScript backend, q/k/v sliced (its split returns CPU "
               f"tensors), {ok['ts_lazy']['steps']} timed steps")
-    print_loss_diffs(ok, "eager", NAME)
+    if BUDGET_ROW in ok:
+        _print_budget(ok[BUDGET_ROW], args.memory_budget)
+    # the budget row trains more steps first (it measures while choosing): not eager's losses
+    print_loss_diffs({k: r for k, r in ok.items() if k != BUDGET_ROW}, "eager", NAME)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nJSON: {args.json}")

@@ -216,6 +216,7 @@ class StepMemory final : public c10::Allocator {
             {"peak_bytes", static_cast<int64_t>(peak_)},
             {"last_step_peak_bytes", static_cast<int64_t>(last_step_peak_)},
             {"planned_bytes", static_cast<int64_t>(plan_ && plan_->arena ? plan_->bytes : 0)},
+            {"mapped_bytes", static_cast<int64_t>(mapped_)},
             {"group_calls", static_cast<int64_t>(calls_.load())}};
   }
 
@@ -237,6 +238,7 @@ class StepMemory final : public c10::Allocator {
     TORCH_CHECK(data != MAP_FAILED, "lazy_mlir: out of memory allocating ", n, " bytes");
     Block block{c10::DataPtr(), n, lru_.end(), 0};
     block.mapped = true;
+    mapped_ += n;
     blocks_.emplace(data, std::move(block));
     return data;
   }
@@ -325,6 +327,7 @@ class StepMemory final : public c10::Allocator {
     }
     if (block.mapped) {
       munmap(data, block.size);
+      mapped_ -= block.size;
       blocks_.erase(it);
       return;
     }
@@ -345,7 +348,7 @@ class StepMemory final : public c10::Allocator {
   std::unordered_map<void*, Block> blocks_;  // live and cached
   std::unordered_map<size_t, std::vector<void*>> free_;
   std::list<void*> lru_;  // cached blocks, least recently freed first
-  size_t cached_ = 0, live_ = 0, peak_ = 0;
+  size_t cached_ = 0, live_ = 0, peak_ = 0, mapped_ = 0;  // mapped_: mapFresh()'s blocks live
   size_t step_start_live_ = 0, step_peak_ = 0, last_step_peak_ = 0;  // stepEnded()'s
   std::atomic<uint64_t> calls_{0};  // group calls begun (outermost scopes): no lock on the way in
   // planning (stepEnded()): this step's allocations, the plan the last step made
@@ -406,7 +409,7 @@ std::map<std::string, int64_t> stepMemoryStats() {
   StepMemory* memory = g_step_memory.load();
   if (memory != nullptr) return memory->stats();
   return {{"cached_bytes", 0}, {"live_bytes", 0}, {"peak_bytes", 0}, {"last_step_peak_bytes", 0}, {"planned_bytes", 0},
-          {"group_calls", 0}};
+          {"mapped_bytes", 0}, {"group_calls", 0}};
 }
 
 namespace {

@@ -69,7 +69,8 @@ void releaseStepMemory();
 // cached_bytes, live_bytes, peak_bytes (the most bytes live at once since the
 // process began or the last release: the cache's bound is twice it),
 // last_step_peak_bytes (stepMemoryStepEnded's), planned_bytes (the plan's
-// arena, once it served a buffer) and group_calls (scopes opened; the counts
+// arena, once it served a buffer), mapped_bytes (the live buffers of the
+// steps before a plan, on pages of their own) and group_calls (scopes opened; the counts
 // of planned buffers, hits, misses and evicted blocks are RunStats').
 std::map<std::string, int64_t> stepMemoryStats();
 

@@ -21,8 +21,8 @@ from .cluster import compilable
 from .compile import background
 from .native import _C
 from .observe import dump, syncs
-from .trace import (autocast, device_module, lazy_kernels, module_ties, moe_experts, steady_state, step_errors,
-                    transformers_compat)
+from .trace import (autocast, device_module, lazy_kernels, memory_budget, module_ties, moe_experts, steady_state,
+                    step_errors, transformers_compat)
 
 
 def init(level: str = "O1", **options) -> config.Config:
@@ -62,6 +62,7 @@ def init(level: str = "O1", **options) -> config.Config:
     _C.set_hooks(compilable.classify, group_compiler.compile_group, syncs.on_execute)
     _C.set_native_calls(cfg.native_calls)
     _C.set_step_memory(cfg.step_memory)
+    memory_budget.configure(cfg.memory_budget, cfg.device)
     _C.bound_computation_cache(cfg.memory_cache_entries)  # taken at the process's first step
     _C.install(config.LEVELS[cfg.level], f"{cfg.key()};policy={compilable.generation()}")
     return cfg

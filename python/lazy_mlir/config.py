@@ -101,6 +101,12 @@ class Config:
     # (lazy_mlir.codegen.native_call); read at each init(), for every group.
     # LAZY_MLIR_NATIVE_CALLS=0 turns it off.
     native_calls: bool = dataclasses.field(default_factory=lambda: _env_flag("LAZY_MLIR_NATIVE_CALLS", True))
+    # A budget for the process's memory (bytes, or a fraction of the device's:
+    # RAM on the CPU) under which captured modules checkpoint their repeated
+    # blocks (a transformer's layers), as many as measured steps show the
+    # budget needs (trace/memory_budget.py; metrics["memory_budget"]).
+    # None: no block checkpointed.
+    memory_budget: int | float | None = None
     # Give the large CPU buffers compiled groups allocate (64 KiB and up) the
     # offsets of one arena planned from the last step when steps repeat, and
     # keep the others for the next step's same-sized ones, instead of glibc
@@ -156,7 +162,8 @@ class Config:
     _NOT_IN_KEY = ("dump_dir", "source_lines", "progress", "o2_fallback", "cache", "cache_dir",
                    "cache_max_mb", "memory_cache_entries", "cache_inductor", "recompile_limit", "log", "dynamic", "background_compile",
                    "compile_workers", "isolated_compile", "auto_prepare", "capture", "fuse_optimizer",
-                   "native_calls", "cuda_graphs", "step_memory", "layer_groups", "moe_eager_grads", "check")
+                   "native_calls", "cuda_graphs", "step_memory", "layer_groups", "moe_eager_grads", "check",
+                   "memory_budget")
 
     def key(self) -> str:
         """Names every option that changes compiled code: the backend
@@ -190,6 +197,11 @@ class Config:
             raise ValueError(f"lazy_mlir: layer_groups must be one of {LAYER_GROUP_CHOICES}, got {self.layer_groups!r}")
         if self.capture not in ("auto", "off"):
             raise ValueError(f"lazy_mlir: capture must be 'auto' or 'off', got {self.capture!r}")
+        budget = self.memory_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or budget <= 0 or (isinstance(budget, float) and budget > 1)):
+            raise ValueError("lazy_mlir: memory_budget must be a number of bytes (an int) or a fraction of the "
+                             f"device's memory in (0, 1] (a float), got {budget!r}")
         if self.dynamic not in ("auto", "static"):
             raise ValueError(f"lazy_mlir: dynamic must be 'auto' or 'static', got {self.dynamic!r}")
         if self.codegen not in CODEGENS:

@@ -24,6 +24,7 @@ import resource
 import torch
 
 from ..native import _C
+from . import metrics
 
 MIB = 1 << 20
 
@@ -55,6 +56,13 @@ def _resident() -> int:
     return 0
 
 
+def _peak_resident() -> int:
+    """The process's peak resident size: a memory budget's measurements
+    reset the kernel's high-water mark, and keep the run's."""
+    rusage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(rusage, metrics.snapshot_memory_budget().get("run_peak_bytes", 0))
+
+
 def _bytes(tensors) -> int:
     """Bytes of the storages behind ``tensors``, each counted once."""
     seen, total = set(), 0
@@ -82,10 +90,10 @@ def snapshot(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimi
         "optimizer_state": _bytes(state),
         "step_buffers_peak": step["last_step_peak_bytes"],
         "step_buffers_kept": step["cached_bytes"] + step["planned_bytes"],
-        "heap_in_use": in_use,
+        "heap_in_use": in_use + step["mapped_bytes"],  # what the step memory maps itself too
         "heap_free_kept": free,
         "resident": _resident(),
-        "peak_resident": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_resident": _peak_resident(),
     }
 
 

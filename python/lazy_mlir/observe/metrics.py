@@ -35,6 +35,7 @@ _group_cache: collections.Counter = collections.Counter()  # "hit" (memory) / "d
 _recompiles: collections.deque = collections.deque(maxlen=KEPT)  # recompiles.before_compile's explanations
 _collective_bytes: collections.Counter = collections.Counter()  # "all_gather" ... -> bytes moved
 _zero_schedule: dict = {}  # zero.schedule's measurements and decision (kept across reset)
+_memory_budget: dict = {}  # trace.memory_budget's measurements and decision (kept across reset)
 _optimizer_groups: collections.Counter = collections.Counter()  # fused_optimizer: None (fused) or why not
 _captures: collections.Counter = collections.Counter()  # capture: "replayed" / "recorded" / "refused" calls
 _capture_refusals: dict[str, str] = {}  # module class -> why its forward runs op by op
@@ -175,6 +176,18 @@ def record_zero_schedule(report: dict) -> None:
         _zero_schedule.update(report)
 
 
+def record_memory_budget(report: dict) -> None:
+    """What init(memory_budget=...) measured and chose (trace/memory_budget.py)."""
+    with _lock:
+        _memory_budget.clear()
+        _memory_budget.update(report)
+
+
+def snapshot_memory_budget() -> dict:
+    with _lock:
+        return dict(_memory_budget)
+
+
 def reset_collective_bytes() -> None:
     with _lock:
         _collective_bytes.clear()
@@ -293,6 +306,8 @@ def snapshot() -> dict:
         "collective_bytes": collective_bytes(),
         # a ZeRO engine's profile-guided schedule (zero.initialize(memory_budget=...)): measured, chosen
         "zero_schedule": dict(_zero_schedule),
+        # init(memory_budget=...): peaks measured per fraction of blocks checkpointed, the one chosen
+        "memory_budget": dict(_memory_budget),
         "group_cache_hits": group_cache.get("hit", 0),
         "group_cache_disk_hits": group_cache.get("disk_hit", 0),
         "group_cache_misses": group_cache.get("miss", 0),
@@ -381,6 +396,21 @@ def reset() -> None:
         _cuda_graphs.clear()
 
 
+def _memory_budget_lines(mb: dict) -> list[str]:
+    mib = 2**20
+    chosen = mb["chosen_fraction"]
+    lines = [f"  memory budget        {mb['budget_bytes'] / mib:,.0f} MiB: "
+             + ("measuring" if chosen is None else f"{chosen:.0%} of the repeated blocks checkpointed ({mb['why']})")]
+    for fraction, m in sorted(mb["measured"].items()):
+        lines.append(f"    {fraction:.0%} checkpointed: peak {m['peak_bytes'] / mib:,.0f} MiB (step buffers "
+                     f"{m['step_buffers_bytes'] / mib:,.0f}), step {m['step_seconds'] * 1e3:,.1f} ms")
+    for entry in mb["partitions"]:
+        at = "; ".join(f"{f:.0%}: saves {p['saved_bytes'] / mib:,.1f} MiB, recomputes {p['recomputed_ops']} ops"
+                       for f, p in entry.items() if isinstance(f, float))
+        lines.append(f"    {entry['module']} ({entry['blocks']} blocks): {at}")
+    return lines
+
+
 def report() -> str:
     s = snapshot()
     lines = [
@@ -437,6 +467,8 @@ def report() -> str:
         lines.append(f"  written in place     {s['outputs_in_place']} outputs ({s['in_place_bytes'] / 2**20:.1f} MiB) "
                      f"into the buffers they replace; {s['donor_copies']} buffers copied first, still in use "
                      f"({s['donor_copy_bytes'] / 2**20:.1f} MiB)")
+    if s["memory_budget"]:
+        lines.extend(_memory_budget_lines(s["memory_budget"]))
     if s["dead_draws_kept"]:
         lines.append(f"  unused draws         {s['dead_draws_kept']} random ops nothing read, run as eager runs them")
     if s["cuda_graphs_captured"] or s["cuda_graph_refusals"]:

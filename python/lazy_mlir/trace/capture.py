@@ -32,7 +32,10 @@ warning naming the part of the key that changed):
   library, and ``config.FLAG`` of a user's module ``config``): flipping a
   module-level flag records again, flipping it back replays the first
   record;
-- grad mode, autocast state, train/eval.
+- grad mode, autocast state, train/eval;
+- how many of the module's repeated blocks a memory budget checkpoints
+  (``memory_budget``: recorded as ``checkpoint`` regions, recomputed in
+  the backward).
 
 Checking them costs one C++ call per call (``_C.StateEntries``: each entry
 still the same object); the key's values are rebuilt only when one is not.
@@ -81,6 +84,7 @@ depend on and may not do is ``python_state``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -532,7 +536,7 @@ RECORD_LIMIT = 8
 AUTOMATIC_SIZE_LIMIT = 1
 _KEY_PARTS = ("argument structure", "argument dtypes/shapes/values", "parameters and buffers",
               "their dtypes/shapes/requires_grad", "train/eval", "grad mode", "autocast",
-              "module attributes", "globals read")
+              "blocks checkpointed", "module attributes", "globals read")
 
 
 def _key_change(key: tuple, records: dict) -> str:
@@ -648,7 +652,8 @@ class CapturedForward:
         module = self.module
         mode = module.mode() if isinstance(module, CapturedFunction) else module.training
         return (spec, tuple(_signature(x) for x in leaves), self.state.identity, state_signature, mode,
-                torch.is_grad_enabled(), autocast.state(), self.state.attributes, self.state.globals)
+                torch.is_grad_enabled(), autocast.state(), _checkpointed, self.state.attributes,
+                self.state.globals)
 
     def _try_record(self, key: tuple, names: list[str], state: list, leaves: list, spec):
         """Records ``key``, watching what the forward does to Python state;
@@ -680,7 +685,9 @@ class CapturedForward:
             self._tell(f"{module}.forward could not be recorded, it runs op by op ({why})")
             metrics.count_capture("refused", module, why)
             self.refused.add(key)
-            if self.automatic:  # what failed would fail again at the next key: a record each step, for nothing
+            # what failed would fail again at the next key: a record each step,
+            # for nothing (unless it failed for the blocks a budget checkpointed)
+            if self.automatic and not _checkpointed:
                 self.op_by_op = why
             return None
         if changes:
@@ -745,7 +752,7 @@ class CapturedForward:
                 full[i] = t
             args, kwargs = tree_unflatten(full, spec)
             swapped = dict(zip(names, tensors[:len(state)]))
-            with _reparametrize_module(module, swapped, tie_weights=True):
+            with _reparametrize_module(module, swapped, tie_weights=True), _blocks_checkpointed(module):
                 result = original(*args, **kwargs)
             # a buffer the forward assigns (self.buf = t) is put back on exit,
             # the forward's value written into ``swapped``: a replay would not assign it
@@ -767,7 +774,8 @@ class CapturedForward:
         # copy_ nodes of its graph (see build_region), not a copy_ per input
         # traced op by op after each call (1.6 ms of a ResNet step).
         compiled = aot_function(flat_forward, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                                partition_fn=_partition, num_params_buffers=len(state),
+                                partition_fn=functools.partial(_partition, module=module),
+                                num_params_buffers=len(state),
                                 keep_inference_input_mutations=True)
         # AOTAutograd's make_fx, keeping each node's stack trace: a region's
         # ops then name the user's line, as the per-op trace does (errors,
@@ -845,14 +853,136 @@ def _recomputed_in_backward(checkpoint_generator):
     return generator
 
 
-def _partition(joint, inputs, **kwargs):
+# The fraction of a captured module's repeated blocks (its largest
+# ModuleList of one class: a transformer's layers) recorded as checkpointed
+# regions, their activations recomputed in the backward (memory_budget's
+# choice; 0: none). Part of every record's key: a record at each, cached.
+_checkpointed = 0.0
+# With a memory budget: per captured module, what its partitions save and
+# recompute (memory_budget's report and predictions); None: not measured.
+_partitions: dict | None = None
+
+
+def set_checkpointed(fraction: float, measure: bool = True) -> None:
+    global _checkpointed, _partitions
+    _checkpointed = fraction
+    if measure and _partitions is None:
+        _partitions = {}
+    elif not measure:
+        _partitions = None
+
+
+def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The module's largest (by parameters) ModuleList of two or more modules of one class."""
+    best, most = [], 0
+    for child in module.modules():
+        if isinstance(child, torch.nn.ModuleList) and len(child) > 1 and len({type(c) for c in child}) == 1:
+            size = sum(p.numel() for p in child.parameters())
+            if size > most:
+                best, most = list(child), size
+    return best
+
+
+@contextlib.contextmanager
+def _blocks_checkpointed(module: torch.nn.Module):
+    """While a forward is recorded: the first ``_checkpointed`` of its
+    repeated blocks called through ``checkpoint(use_reentrant=False)``,
+    which the recording tags for recompute (``_recomputed_in_backward``)."""
+    blocks = repeated_blocks(module)
+    blocks = blocks[:round(_checkpointed * len(blocks))]
+    own = [b.__dict__.get("forward") for b in blocks]
+    for block in blocks:
+        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for block, forward in zip(blocks, own):
+            if forward is None:
+                del block.forward
+            else:
+                block.forward = forward
+
+
+def _partition(joint, inputs, module, **kwargs):
     """AOTAutograd's default partition (the forward saves what the backward
     reads), or where checkpointed regions are tagged, the min-cut
     partitioner, which recomputes them in the backward (torch.compile's)."""
     from torch._functorch import partitioners
     partition = (partitioners.min_cut_rematerialization_partition if partitioners.has_recomputable_ops(joint)
                  else partitioners.default_partition)
-    return partition(joint, inputs, **kwargs)
+    forward, backward = partition(joint, inputs, **kwargs)
+    if _partitions is not None:
+        entry = _partitions.setdefault(f"{type(module).__name__}#{id(module):x}", {
+            "module": type(module).__name__, "blocks": len(repeated_blocks(module))})
+        entry[_checkpointed] = {"saved_bytes": _saved_bytes(forward, kwargs["num_fwd_outputs"]),
+                                "recomputed_ops": _recomputed_ops(joint, backward),
+                                "checkpointed_bytes": _checkpointed_bytes(joint)}
+    return forward, backward
+
+
+def _saved_bytes(forward: torch.fx.GraphModule, n_user: int) -> int:
+    """Bytes of the activations ``forward`` saves for its backward (its
+    outputs after the user's)."""
+    outputs = next(n for n in reversed(forward.graph.nodes) if n.op == "output").args[0]
+    return _storage_bytes(outputs[n_user:])
+
+
+def _storage_bytes(nodes) -> int:
+    """Bytes of the storages behind ``nodes``, each once, views of the
+    graph's inputs (a transposed weight) not at all."""
+    bases, total = set(), 0
+    for node in nodes:
+        base = node
+        while (isinstance(base, torch.fx.Node) and base.op == "call_function"
+               and isinstance(base.target, torch._ops.OpOverload) and base.target.is_view):
+            base = base.args[0]
+        if not isinstance(base, torch.fx.Node) or base.op == "placeholder" or base in bases:
+            continue
+        bases.add(base)
+        value = base.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+    return total
+
+
+def _checkpointed_bytes(joint: torch.fx.GraphModule) -> int:
+    """Bytes of the checkpointed regions' activations that the backward
+    reads: what saving them (no checkpoint) would keep, each storage once."""
+    backward = _after_tangents(joint)
+    read = [n for n in joint.graph.nodes if n.op == "call_function" and n not in backward
+            and n.meta.get("recompute") is not None and any(u in backward for u in n.users)]
+    return _storage_bytes(read)
+
+
+def _after_tangents(joint: torch.fx.GraphModule) -> set:
+    """The nodes of ``joint`` that depend on the gradients coming in: its backward."""
+    after = set()
+    for node in joint.graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in after for a in node.all_input_nodes):
+            after.add(node)
+    return after
+
+
+def _recomputed_ops(joint: torch.fx.GraphModule, backward: torch.fx.GraphModule) -> int:
+    """The forward ops of ``joint`` that ``backward`` runs again."""
+    after_tangents = _after_tangents(joint)
+    forward = {n.name for n in joint.graph.nodes if n.op == "call_function" and n not in after_tangents}
+    return sum(1 for n in backward.graph.nodes if n.op == "call_function" and n.name in forward)
+
+
+def partition_stats() -> list[dict]:
+    """Per captured module: its repeated blocks, and per fraction of blocks
+    checkpointed the bytes saved, the ops recomputed and the bytes the
+    checkpointed regions produce."""
+    return [dict(entry) for entry in (_partitions or {}).values()]
+
+
+def checkpointed_bytes() -> int:
+    """Bytes the checkpointed regions produce with every block checkpointed,
+    summed over the captured modules recorded so: at most what saving their
+    activations instead would add."""
+    return sum(e[1.0]["checkpointed_bytes"] for e in (_partitions or {}).values() if 1.0 in e)
 
 
 def _prefer_recompute(ctx, op, *args, **kwargs):
