@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import inductor_fixes, onednn_linear
+from . import inductor_fixes, memory_order, onednn_linear
 
 
 # Inductor fuses independent kernels ("horizontally") only when they read at
@@ -93,7 +93,8 @@ def compile_graph(gm: fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMo
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for node, fake in zip(placeholders, fake_inputs):
             node.meta["val"] = fake
-    with _python_floats_of_sizes_kept():
+    # a step's order that frees gradients as soon as they are final (memory_order)
+    with _python_floats_of_sizes_kept(), memory_order.candidate_orders():
         compiled, artefact = _compile(gm, fake_inputs, fake_mode, options, name, serializable)
     new_modules = [m for m in PyCodeCache.modules if m not in loaded_before]
     code = "\n\n".join(_source_of(m) for m in new_modules)
