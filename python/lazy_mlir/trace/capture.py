@@ -914,9 +914,10 @@ def _partition(joint, inputs, module, **kwargs):
     if _partitions is not None:
         entry = _partitions.setdefault(f"{type(module).__name__}#{id(module):x}", {
             "module": type(module).__name__, "blocks": len(repeated_blocks(module))})
+        after_tangents = _after_tangents(joint)
         entry[_checkpointed] = {"saved_bytes": _saved_bytes(forward, kwargs["num_fwd_outputs"]),
-                                "recomputed_ops": _recomputed_ops(joint, backward),
-                                "checkpointed_bytes": _checkpointed_bytes(joint)}
+                                "recomputed_ops": _recomputed_ops(joint, after_tangents, backward),
+                                "checkpointed_bytes": _checkpointed_bytes(joint, after_tangents)}
     return forward, backward
 
 
@@ -945,10 +946,10 @@ def _storage_bytes(nodes) -> int:
     return total
 
 
-def _checkpointed_bytes(joint: torch.fx.GraphModule) -> int:
+def _checkpointed_bytes(joint: torch.fx.GraphModule, backward: set) -> int:
     """Bytes of the checkpointed regions' activations that the backward
-    reads: what saving them (no checkpoint) would keep, each storage once."""
-    backward = _after_tangents(joint)
+    (``joint``'s nodes after the tangents) reads: what saving them (no
+    checkpoint) would keep, each storage once."""
     read = [n for n in joint.graph.nodes if n.op == "call_function" and n not in backward
             and n.meta.get("recompute") is not None and any(u in backward for u in n.users)]
     return _storage_bytes(read)
@@ -964,9 +965,8 @@ def _after_tangents(joint: torch.fx.GraphModule) -> set:
     return after
 
 
-def _recomputed_ops(joint: torch.fx.GraphModule, backward: torch.fx.GraphModule) -> int:
-    """The forward ops of ``joint`` that ``backward`` runs again."""
-    after_tangents = _after_tangents(joint)
+def _recomputed_ops(joint: torch.fx.GraphModule, after_tangents: set, backward: torch.fx.GraphModule) -> int:
+    """The forward ops of ``joint`` (those before its tangents) that ``backward`` runs again."""
     forward = {n.name for n in joint.graph.nodes if n.op == "call_function" and n not in after_tangents}
     return sum(1 for n in backward.graph.nodes if n.op == "call_function" and n.name in forward)
 
