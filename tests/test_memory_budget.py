@@ -1,6 +1,9 @@
 """init(memory_budget=...): captured modules checkpoint their repeated blocks
 to fit a budget for the process's memory (trace/memory_budget.py), training
 as eagerly."""
+import os
+import sys
+
 import pytest
 import torch
 
@@ -24,8 +27,8 @@ def _batches():
     return list(gpt_batches(CFG, STEPS))
 
 
-def _train_with_budget(budget):
-    lazy_mlir.init("O1", memory_budget=budget)
+def _train_with_budget(budget, level="O1"):
+    lazy_mlir.init(level, memory_budget=budget)
     try:
         metrics.reset()
         lazy = train(_make, make_adamw, _batches(), LAZY)
@@ -43,6 +46,9 @@ def test_a_budget_nothing_fits_checkpoints_every_block(eager):
     with pytest.warns(UserWarning, match="memory_budget 1 MiB: the step peaks at"):
         lazy, s, _ = _train_with_budget(1 << 20)
     assert_same_training(eager, lazy, rtol=1e-10, atol=1e-10)
+    with pytest.warns(UserWarning, match="memory_budget 1 MiB"):  # the same choice, run by TorchScript
+        o0, _, _ = _train_with_budget(1 << 20, "O0")
+    assert_same_training(o0, lazy, rtol=1e-10, atol=1e-10)
     assert_compiled(s, calls=STEPS)
     mb = s["memory_budget"]
     assert mb["chosen_fraction"] == 1.0 and list(mb["measured"]) == [1.0], mb
@@ -72,3 +78,49 @@ def test_the_budget_is_checked():
         with pytest.raises(ValueError, match="memory_budget must be"):
             lazy_mlir.init("O1", memory_budget=bad)
     lazy_mlir.init("O1")
+
+
+def test_hugging_face_models_checkpoint_their_layers():
+    """Models nobody here wrote (the zoo's base size: 4 layers, dropout off),
+    float64: their layers found, checkpointed and recomputed, as eagerly."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
+    import zoo
+    for name in ("gpt2", "bert"):
+        variant = zoo.base_variant(name, dropout=0.0, size="base")
+        batches = zoo.batches(variant, 6, dtype=torch.float64)[:6]
+        spec = zoo.SPECS[name]
+
+        def make(variant=variant):
+            return zoo.make_model(variant, dtype=torch.float64).train()
+
+        def loss_fn(model, *inputs, spec=spec):
+            return spec.loss(model, *inputs)
+        eager = _zoo_train(make, spec.optimizer, batches, CPU, loss_fn)
+        lazy_mlir.init("O1", memory_budget=1 << 20)
+        try:
+            metrics.reset()
+            with pytest.warns(UserWarning, match="memory_budget"):
+                lazy = _zoo_train(make, spec.optimizer, batches, LAZY, loss_fn)
+            s = metrics.snapshot()
+        finally:
+            lazy_mlir.init("O1")
+        torch.testing.assert_close(lazy, eager, rtol=1e-10, atol=1e-10)
+        assert_compiled(s, calls=len(batches))
+        (model,) = s["memory_budget"]["partitions"]
+        assert model["blocks"] == zoo.SIZES["base"].layers and model[1.0]["recomputed_ops"] > 0, model
+        assert s["captured_calls"] == len(batches), metrics.report()
+
+
+def _zoo_train(make, make_opt, batches, device, loss_fn):
+    model = make().to(device)
+    opt = make_opt(model)
+    losses = []
+    for batch in batches:
+        loss = loss_fn(model, *(t.to(device) for t in batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+        losses.append(loss.item())
+    return torch.tensor(losses, dtype=torch.float64)
