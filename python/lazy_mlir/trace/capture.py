@@ -183,6 +183,17 @@ def _decomposed(node: torch.fx.Node, kernel, tensors: list[torch.fx.Node]) -> to
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)', re.MULTILINE)
 
 
+def _frames_without_text(tb, skip):
+    """torch's ``_extract_symbolized_tb`` (how make_fx's stack traces are
+    made) without each frame's source text: the text read every source file
+    of the forward's frames, torch's among them, into linecache for the
+    process's life, and a copy of every frame's line into each node's trace
+    (a ResNet's record: ~9 MB); ``_source_of`` needs file, line and function."""
+    return traceback.StackSummary.from_list(
+        [traceback.FrameSummary(f["filename"], f["line"], f["name"], lookup_line=False, line="")
+         for f in reversed(tb[skip:])])
+
+
 def _source_of(node: torch.fx.Node) -> str | None:
     """"file function line" of the innermost user frame that traced ``node``
     (the record keeps stack traces: see _record), as the per-op trace names
@@ -313,6 +324,8 @@ class _Replay:
     def __init__(self, gm: torch.fx.GraphModule, name: str):
         self.gm = gm
         self.region, constants, self.positions, self.written = build_region(gm, name)
+        for node in gm.graph.nodes:  # the region named its ops' lines: the graph is kept for its structure
+            node.meta.pop("stack_trace", None)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
             # pending device data until the first replay's sync, which gives
             # them their data (lazy_backend/ltc_fixes/pending_data.h): no graph root
@@ -809,6 +822,7 @@ class CapturedForward:
             # state it would share ("Expected current_level > 0")
             with (background.compile_lock, python,
                   unittest.mock.patch.object(graph_capture, "make_fx", traced_with_lines),
+                  unittest.mock.patch.object(torch.utils._traceback, "_extract_symbolized_tb", _frames_without_text),
                   unittest.mock.patch.object(torch.utils.checkpoint.CheckpointFunction, "forward",
                                              staticmethod(checkpoint_forward)),
                   unittest.mock.patch.object(torch.utils.checkpoint, "_checkpoint_without_reentrant_generator",
