@@ -1,5 +1,6 @@
 """Ops the stock TS backend mishandles trace into the graph, with no fallback."""
 import re
+import sys
 
 import pytest
 import torch
@@ -741,3 +742,13 @@ def test_an_in_place_op_run_on_the_host_writes_its_lazy_target(lazy_level, monke
     metrics.reset()
     torch.testing.assert_close(grad(LAZY), grad(CPU), rtol=1e-12, atol=1e-12)
     assert metrics.snapshot()["fallbacks"] == {"aten::_index_put_impl": 1}, metrics.report()
+
+
+def test_uncovered_ops_before_init_is_an_error():
+    """Before init() installs lazy_mlir's kernels the list would be the stock
+    backend's: an error that says so, in a process that has not called init."""
+    import subprocess
+    code = ("from lazy_mlir.trace import lazy_kernels\n"
+            "try:\n    lazy_kernels.uncovered_ops()\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "call lazy_mlir.init() first" in out.stdout, out.stdout + out.stderr

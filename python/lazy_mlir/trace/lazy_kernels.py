@@ -400,7 +400,12 @@ def _data_dependent_falling_back(qualified: str) -> bool:
 
 def uncovered_ops() -> dict[str, str]:
     """aten ops that still take the eager path on the lazy device, each with
-    the reason (random ops, other devices' kernels, sizes from data...)."""
+    the reason (random ops, other devices' kernels, sizes from data...).
+    The kernels are lazy_mlir's once ``lazy_mlir.init()`` installed them:
+    before, every op without one of the stock backend's would be listed."""
+    if _LIB is None:
+        raise RuntimeError("lazy_kernels.uncovered_ops(): call lazy_mlir.init() first; before it installs its "
+                           "kernels, the list would be the stock lazy backend's (~1,300 ops)")
     return {q: _why_uncovered(q) for q in sorted(torch._C._dispatch_get_all_op_names())
             if q.startswith("aten::") and (_falls_back_on_lazy(q) or q in _UNMATCHED
                                            or _data_dependent_falling_back(q))}
