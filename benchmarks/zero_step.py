@@ -283,7 +283,7 @@ def worker(args):
             try:
                 if v == "zero3_planned" and round_ == 0:  # untimed: measure, plan, compile, measure, choose
                     from lazy_mlir.zero.schedule import SETTLED_AFTER
-                    for batch in (batches * 2)[:SETTLED_AFTER]:
+                    for batch in (batches * (SETTLED_AFTER // len(batches) + 1))[:SETTLED_AFTER]:
                         step(*batch)
                     runs[v]["schedule"] = lazy_mlir.metrics.snapshot()["zero_schedule"]
                 times, _ = time_steps(timed, batches if v.startswith("zero") else device_batches, args.warmup, split,

@@ -225,11 +225,11 @@ def test_stage3_schedule_planned_from_measurements(tmp_path):
     """With a memory budget, the first steps measure the static schedule
     (step time, the step buffers' peak), the headroom keeps parameters
     gathered from forward into backward (compiled once more), the two take
-    turns step by step and the plan stays only if faster within the budget. The
-    switches between schedules (measured taking turns) change no number:
+    turns in blocks and the plan stays only if faster (by MARGIN) within the
+    budget. The switches between schedules change no number:
     eager's losses and state (float64, 1e-10); one graph a step; the two
     schedules compiled once each."""
-    from lazy_mlir.zero.schedule import SETTLED_AFTER
+    from lazy_mlir.zero.schedule import MARGIN, SETTLED_AFTER
     steps, budget = SETTLED_AFTER + 1, 1 << 30
     ref_losses, ref_state, param_bytes = _eager_reference(steps=steps, dtype=torch.float64)
     out = str(tmp_path / "planned")
@@ -252,7 +252,7 @@ def test_stage3_schedule_planned_from_measurements(tmp_path):
         assert planned["reuse_bytes"] == 2 * sum(p.numel() * 8 for p in make_gpt(CONFIG).parameters()
                                                  if p.numel() > 40), plan
         assert planned["peak_bytes"] > 0, plan
-        faster = planned["peak_bytes"] <= budget and planned["ms"] < static["ms"]
+        faster = planned["peak_bytes"] <= budget and planned["ms"] <= static["ms"] * (1 - MARGIN)
         assert plan["chosen"] == ("planned" if faster else "static"), plan
 
 

@@ -118,9 +118,9 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     (zero/schedule.py): the static one's peak and step time are measured
     over the first steps, the headroom under the budget keeps more
     parameters gathered from forward into backward (one compile), the two
-    take turns step by step, and whichever measured faster within the
-    budget stays (``metrics["zero_schedule"]`` says what was measured and
-    chosen);
+    take turns in blocks of steps, and the plan stays if it measured at
+    least 3% faster within the budget, else the static schedule does
+    (``metrics["zero_schedule"]`` says what was measured and chosen);
     ``offload_optimizer`` (stage 3, DeepSpeed's ZeRO-Offload): the
     optimizer's state, and a copy of this rank's shards it updates, live
     in host memory; ``optimizer.step()`` runs the step's graph

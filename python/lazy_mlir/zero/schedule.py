@@ -8,22 +8,27 @@ all-gather (Psi bytes a step at most) and costs memory at the step's peak
 (the forward-backward turn). With a budget for the step's buffers, the
 engine measures instead of guessing:
 
-1. ``STEPS`` steps of the static schedule after its compile: the median
-   period between steps, and the step buffers' peak (what the compiled step
-   allocates: gathered parameters, activations, gradients before their
-   reduction, above what was live when the step began: the step memory's
-   ``last_step_peak_bytes`` on CPU, what ``lazy_mlir.memory`` reports; the
-   CUDA allocator's peak over the step on a GPU);
+1. ``STEPS`` steps of the static schedule after its compile and ``WARM``
+   more: the median period between steps, and the step buffers' peak
+   (what the compiled step allocates: gathered parameters, activations,
+   gradients before their reduction, above what was live when the step
+   began: the step memory's ``last_step_peak_bytes`` on CPU, what
+   ``lazy_mlir.memory`` reports; the CUDA allocator's peak over the step
+   on a GPU);
 2. a plan under the budget: the headroom (budget - peak) spent on reuse
    first: kept parameters cost about half the reuse distance at the peak
    (of the bytes used between a layer's two uses, half are the later
    layers' own forward), so ``reuse_bytes`` grows by twice the headroom, up
    to the whole model twice; what is left widens ``prefetch_bytes``;
-3. after the plan's one compile, the two schedules take turns step by step
-   (``STEPS`` steps each; switching compiles nothing, both codes are
-   cached), so both are measured side by side under the same load; the
-   plan stays if its peak is within the budget and its median step is
-   faster, else the static schedule does.
+3. after the plan's one compile, the two schedules take turns in blocks
+   (``BLOCKS`` each, planned first; switching compiles nothing, both codes
+   are cached), so both are measured side by side under the same load. The
+   first ``WARM`` steps of a block are not timed: a step that follows a
+   compile or a switch runs colder (its step memory is planned from the
+   step before, page faults, caches), and timed they made a plan look
+   20% faster than the static schedule when the two were level. The plan
+   stays if its peak is within the budget and its median step at least
+   ``MARGIN`` faster, else the static schedule does (it holds less).
 
 Every rank takes the slowest rank's time and the highest peak (an
 all-reduce), so all ranks choose alike.
@@ -43,10 +48,14 @@ from ..native import _C
 from ..observe import metrics, syncs
 from ..trace import device_module
 
-STEPS = 3  # timed steps per schedule, after the step that compiles it
-# steps after which the chosen schedule runs: the static one's compile and
-# STEPS, the plan's compile, 2 x STEPS taking turns; the next one decides
-SETTLED_AFTER = 3 * STEPS + 3
+STEPS = 3   # timed steps of a block
+WARM = 1    # steps not timed at a block's start (after the compile or the switch)
+BLOCKS = 2  # blocks of each schedule taking turns
+MARGIN = 0.03  # how much faster the plan's median step must be to stay: below it, step-to-step noise
+# steps until the choice is made (at the start of the last, which runs the
+# chosen schedule): the static one's compile, WARM and STEPS; the plan's
+# compile, then BLOCKS blocks of each; then the deciding one
+SETTLED_AFTER = 3 + WARM + STEPS + 2 * BLOCKS * (WARM + STEPS)
 
 
 class ProfiledSchedule:
@@ -60,9 +69,9 @@ class ProfiledSchedule:
         self.report: dict = {"budget_bytes": budget, "chosen": "static", "why": "measuring"}
         self._marks = 0          # mark_steps seen (of any model's steps)
         self._marks_then = -1    # at this engine's last step
-        self._step = -1          # this engine's steps (a model's first forward after a mark_step begins one)
-        self._compiling = 0      # the step that compiles the schedule it runs (not timed)
-        self._ran: str | None = None  # the schedule the step before ran
+        # the steps to come while measuring: (schedule, "compile" | "warm" | "timed")
+        self._queue: list[tuple[str, str]] = [("static", "compile"), *_block("static")]
+        self._ran: tuple[str, str] | None = None  # the step before's entry
         self._periods: dict[str, list[float]] = {"static": [], "planned": []}
         self._peaks = {"static": 0, "planned": 0}
         self._last = 0.0
@@ -78,22 +87,22 @@ class ProfiledSchedule:
         if self._phase == "done" or self._marks == self._marks_then:
             return  # another forward of the same step
         self._marks_then = self._marks
-        self._step = step = self._step + 1
         now = time.perf_counter()
-        if self._ran is not None and step - 1 != self._compiling:  # the step before ran cached code
-            self._periods[self._ran].append(now - self._last)
-            self._peaks[self._ran] = max(self._peaks[self._ran], _peak())
+        if self._ran is not None and self._ran[1] != "compile":  # the step before ran cached code
+            schedule, kind = self._ran
+            if kind == "timed":
+                self._periods[schedule].append(now - self._last)
+            self._peaks[schedule] = max(self._peaks[schedule], _peak())
         self._last = now
         _reset_peak()
-        if self._phase == "static":
-            if len(self._periods["static"]) < STEPS:
-                self._ran = "static"
+        if not self._queue:
+            if self._phase == "static":
+                self._plan(self._measured("static"))
             else:
-                self._plan(self._measured("static"), step)
-        elif min(map(len, self._periods.values())) < STEPS:
-            self._run("static" if self._ran == "planned" else "planned")
-        else:
-            self._decide(self._measured("static"), self._measured("planned"))
+                self._decide(self._measured("static"), self._measured("planned"))
+        if self._queue:
+            self._ran = self._queue.pop(0)
+            self.engine.pipeline = self.pipelines[self._ran[0]]
 
     def _measured(self, schedule: str) -> dict:
         """The median step and the peak of ``schedule``, the slowest rank's
@@ -105,11 +114,7 @@ class ProfiledSchedule:
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.engine.process_group)
         return {"ms": both[0].item(), "peak_bytes": int(both[1].item())}
 
-    def _run(self, schedule: str) -> None:
-        self.engine.pipeline = self.pipelines[schedule]
-        self._ran = schedule
-
-    def _plan(self, static: dict, step: int) -> None:
+    def _plan(self, static: dict) -> None:
         self.report["static"] = {**static, "reuse_bytes": self.engine.reuse_bytes,
                                  "prefetch_bytes": self.engine.prefetch_bytes}
         headroom = self.budget - static["peak_bytes"]
@@ -128,27 +133,33 @@ class ProfiledSchedule:
         self.pipelines["planned"] = self.engine.zero_pipeline(reuse_bytes=reuse, prefetch_bytes=prefetch)
         # side by side from here: the static schedule's early steps ran colder
         self._periods, self._peaks = {"static": [], "planned": []}, {"static": 0, "planned": 0}
-        self._phase, self._compiling = "compare", step
-        self._run("planned")
+        self._phase = "compare"
+        self._queue = [("planned", "compile")]
+        for _ in range(BLOCKS):
+            self._queue += [*_block("planned"), *_block("static")]
         metrics.record_zero_schedule(self.report)
 
     def _decide(self, static: dict, planned: dict) -> None:
         self.report["static"].update(static)
         self.report["planned"].update(planned)
         if planned["peak_bytes"] > self.budget:
-            why = "the plan's peak is over the budget"
-        elif planned["ms"] >= static["ms"]:
-            why = "the plan's steps are not faster"
+            chosen, why = "static", "the plan's peak is over the budget"
+        elif planned["ms"] > static["ms"] * (1 - MARGIN):
+            chosen, why = "static", (f"the plan's steps are not {MARGIN:.0%} faster "
+                                     f"({planned['ms'] / static['ms']:.2f}x the static schedule's)")
         else:
-            self._run("planned")
-            return self._done("planned", f"{planned['ms'] / static['ms']:.2f}x the static schedule's step")
-        self._run("static")
-        self._done("static", why)
+            chosen, why = "planned", f"{planned['ms'] / static['ms']:.2f}x the static schedule's step"
+        self.engine.pipeline = self.pipelines[chosen]
+        self._done(chosen, why)
 
     def _done(self, chosen: str, why: str) -> None:
         self.report.update(chosen=chosen, why=why)
         self._phase = "done"
         metrics.record_zero_schedule(self.report)
+
+
+def _block(schedule: str) -> list[tuple[str, str]]:
+    return [(schedule, "warm")] * WARM + [(schedule, "timed")] * STEPS
 
 
 _cuda_base = 0  # CUDA bytes allocated at the step's first forward (_reset_peak)
