@@ -1003,3 +1003,38 @@ def test_a_record_names_the_users_lines_without_reading_source_files(lazy_level,
     # frames inside the forward only (Linear's, F.cross_entropy's): read by no other stack
     read = [f for f in linecache.cache if f.endswith(("torch/nn/modules/linear.py", "torch/nn/functional.py"))]
     assert not read, read
+
+
+class ChannelsLastPool(nn.Module):
+    """ConvNeXt's pattern (torchvision): a block computed channels-last
+    (permuted to NHWC and back), then adaptive average pooling, whose
+    kernel sets a channels-last result's strides with ``as_strided_``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.mix = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x, y):
+        h = self.conv(x)
+        h = self.mix(h.permute(0, 2, 3, 1)).permute(0, 3, 1, 2) + h  # channels-last, as the first operand
+        return F.cross_entropy(self.head(F.adaptive_avg_pool2d(h, 1).flatten(1)), y)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_forward_with_an_in_place_view_op_is_recorded(lazy_level, how):
+    """AOTAutograd applies an in-place view op (``as_strided_``) to its
+    functional wrapper of a lazy tensor on the wrapper's own device kernel:
+    recorded, as eager computes, with no eager op."""
+    batches = fp64(image_batches(3))
+
+    def make():
+        torch.manual_seed(0)
+        return as_trained(ChannelsLastPool().double(), how)
+
+    eager = train(make, sgd, batches, CPU)
+    lazy = train(make, sgd, batches, LAZY)
+    assert_same_training(eager, lazy, **FP64)
+    s = metrics.snapshot()
+    assert s["capture_records"] == 1 and s["capture_refused"] == 0 and s["fallback_count"] == 0, metrics.report()
