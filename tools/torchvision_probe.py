@@ -2,10 +2,12 @@
 on the lazy device against eager, and says per model: the largest relative
 loss difference and the largest first-step gradient difference (each
 against eager's own: eager with its weights moved by a few ulps), graph executions
-per step, the first step's seconds (its compile), and why a step did not
-run generated code alone (a group left in TorchScript, an eager
-fallback). Exits 1 when any model did not, or when its gradients differ
-beyond the dtype's tolerance and ten times eager's own difference.
+per step, the first step's seconds (its compile), whether its forward was
+captured (the default) or why it ran op by op, and why a step did not run
+generated code alone (a group left in TorchScript, an eager fallback).
+Exits 1 when any model did not run one graph of generated code a step
+captured, or when its gradients differ beyond the dtype's tolerance and
+ten times eager's own difference.
 
 torchvision is not a dependency: install the release for torch 2.13 beside
 it without letting pip touch torch, e.g. into a folder of its own:
@@ -152,15 +154,19 @@ def main():
         executions = [s["graph_executions"] for s in snapshots]
         why = next((w for w in (not_compiled(s, args.level) for s in snapshots) if w), None)
         later = f"  later steps {statistics.median(seconds[1:]) * 1000:.0f} ms (median)" if len(seconds) > 1 else ""
+        # captured by itself (the default), or why its forward ran op by op
+        refusals = {m: w for s in snapshots for m, w in s["capture_refusals"].items()}
+        captured = "  captured" if all(s["captured_calls"] for s in snapshots) else \
+            f"  OP BY OP: {'; '.join(f'{m}: {w[:160]}' for m, w in refusals.items()) or 'not captured'}"
         grad, floor = (_largest_gradient_difference(want_grads, grads) for grads in (got_grads, floor_grads))
         print(f"{name:20s} loss rel diff {rel:.1e} (eager's {loss_floor:.1e})  first-step gradients rel diff {grad:.1e} "
               f"(eager's rounding floor {floor:.1e})  executions/step {executions}  first step {seconds[0]:.0f} s"
-              + later + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
+              + later + captured + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
         # the checker's rule: beyond the dtype's tolerance and ten times rounding's reach
         beyond = grad > max(numerics_check.NOISE_FACTOR * floor, numerics_check.TOLERANCES[dtype][0])
         if beyond:
             print(f"{name:20s} GRADIENTS BEYOND ROUNDING", flush=True)
-        failed += any(e != 1 for e in executions) or why is not None or beyond
+        failed += any(e != 1 for e in executions) or why is not None or beyond or not captured.strip() == "captured"
     sys.exit(1 if failed else 0)
 
 
