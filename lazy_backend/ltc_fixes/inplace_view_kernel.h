@@ -9,7 +9,9 @@
 // reached the Lazy key with a tensor that holds no LTC data: LTC's fallback
 // asserted ("lazy_self"), and the record failed (adaptive_avg_pool2d on a
 // channels-last tensor: torchvision's ConvNeXt and Swin). The kernel sets
-// the tensor's metadata, as on every other backend.
+// the tensor's metadata, as on every other backend. An LTC tensor (no
+// storage to set strides over: aten's kernel crashed on it) is refused as a
+// resize is, so that a composite kernel calling it is traced another way.
 #pragma once
 
 namespace lazy_mlir {
