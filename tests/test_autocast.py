@@ -212,7 +212,8 @@ def test_the_gpu_table_casts_by_its_policies():
 @pytest.mark.parametrize("make_opt, reads_until_taken", [
     pytest.param(lambda ps: torch.optim.AdamW(ps, lr=1e-3), False, id="adamw"),
     # zero buffers made for the first step (steady_state): a skipped step keeps them zero
-    pytest.param(lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), False, id="sgd_momentum"),
+    pytest.param(lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), False, id="sgd_momentum",
+                 marks=pytest.mark.slow),
     # with dampening there are no buffers until a step is taken: found_inf is read till then
     pytest.param(lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, dampening=0.1), True, id="sgd_dampening"),
 ])

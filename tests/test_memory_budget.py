@@ -80,35 +80,35 @@ def test_the_budget_is_checked():
     lazy_mlir.init("O1")
 
 
-def test_hugging_face_models_checkpoint_their_layers():
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("bert", marks=pytest.mark.slow)])
+def test_hugging_face_models_checkpoint_their_layers(name):
     """Models nobody here wrote (the zoo's base size: 4 layers, dropout off),
     float64: their layers found, checkpointed and recomputed, as eagerly."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
     import zoo
-    for name in ("gpt2", "bert"):
-        variant = zoo.base_variant(name, dropout=0.0, size="base")
-        batches = zoo.batches(variant, 6, dtype=torch.float64)[:6]
-        spec = zoo.SPECS[name]
+    variant = zoo.base_variant(name, dropout=0.0, size="base")
+    batches = zoo.batches(variant, 6, dtype=torch.float64)[:6]
+    spec = zoo.SPECS[name]
 
-        def make(variant=variant):
-            return zoo.make_model(variant, dtype=torch.float64).train()
+    def make():
+        return zoo.make_model(variant, dtype=torch.float64).train()
 
-        def loss_fn(model, *inputs, spec=spec):
-            return spec.loss(model, *inputs)
-        eager = _zoo_train(make, spec.optimizer, batches, CPU, loss_fn)
-        lazy_mlir.init("O1", memory_budget=1 << 20)
-        try:
-            metrics.reset()
-            with pytest.warns(UserWarning, match="memory_budget"):
-                lazy = _zoo_train(make, spec.optimizer, batches, LAZY, loss_fn)
-            s = metrics.snapshot()
-        finally:
-            lazy_mlir.init("O1")
-        torch.testing.assert_close(lazy, eager, rtol=1e-10, atol=1e-10)
-        assert_compiled(s, calls=len(batches))
-        (model,) = s["memory_budget"]["partitions"]
-        assert model["blocks"] == zoo.SIZES["base"].layers and model[1.0]["recomputed_ops"] > 0, model
-        assert s["captured_calls"] == len(batches), metrics.report()
+    def loss_fn(model, *inputs):
+        return spec.loss(model, *inputs)
+    eager = _zoo_train(make, spec.optimizer, batches, CPU, loss_fn)
+    lazy_mlir.init("O1", memory_budget=1 << 20)
+    try:
+        metrics.reset()
+        with pytest.warns(UserWarning, match="memory_budget"):
+            lazy = _zoo_train(make, spec.optimizer, batches, LAZY, loss_fn)
+        s = metrics.snapshot()
+    finally:
+        lazy_mlir.init("O1")
+    torch.testing.assert_close(lazy, eager, rtol=1e-10, atol=1e-10)
+    assert_compiled(s, calls=len(batches))
+    (model,) = s["memory_budget"]["partitions"]
+    assert model["blocks"] == zoo.SIZES["base"].layers and model[1.0]["recomputed_ops"] > 0, model
+    assert s["captured_calls"] == len(batches), metrics.report()
 
 
 def _zoo_train(make, make_opt, batches, device, loss_fn):

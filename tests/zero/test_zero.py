@@ -156,7 +156,10 @@ def test_zero_matches_single_process(stage, reduce_scatter, tmp_path):
         assert set(moved) == {"all_gather", kind, "all_reduce"} - ({"all_reduce"} if stage == 3 else set()), moved
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gpt_bigcode", "bert"])
+# make test: GPT-BigCode (multi-query attention); GPT-2 (Conv1D weights, tied
+# embeddings) and BERT (a padding mask) under -m slow
+@pytest.mark.parametrize("name", [pytest.param("gpt2", marks=pytest.mark.slow), "gpt_bigcode",
+                                  pytest.param("bert", marks=pytest.mark.slow)])
 def test_stage3_on_hugging_face_models_matches_eager_and_o0(name, tmp_path):
     """ZeRO-3 on models nobody here wrote, 2 gloo ranks in float64, against
     eager on the global batch and against the same ranks at O0: the zoo's
@@ -177,7 +180,10 @@ def test_stage3_on_hugging_face_models_matches_eager_and_o0(name, tmp_path):
     assert memory["total"] <= 1.05 * memory["unsharded_total"] / world + 4096  # biases under the threshold
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# make test: stage 3 (gathers and reduce-scatters in a shard group, its
+# simulation); stages 1-2 (test_zero_matches_single_process's collectives on
+# the mesh) under -m slow
+@pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
 def test_hybrid_sharding_matches_single_process(stage, tmp_path):
     """Hybrid sharding (HSDP) on a 2x2 mesh of 4 gloo ranks: the state
     sharded over shard groups {0, 1} and {2, 3}, replicated across them;
