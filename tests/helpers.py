@@ -21,12 +21,15 @@ SMALL_GPT = GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=128, block_size
 
 
 def train(make_model, make_opt, batches, device, loss_fn=None, after_step=None):
-    """Runs the user loop; returns (losses, final parameters on the CPU)."""
+    """Runs the user loop over ``batches`` (tuples of tensors: the model's,
+    or ``loss_fn(model, *batch)``'s, inputs); returns (losses in float64,
+    exact for either dtype, final parameters on the CPU)."""
     model = make_model().to(device)
     opt = make_opt(model)
     losses = []
-    for i, (x, y) in enumerate(batches):
-        loss = loss_fn(model, x.to(device), y.to(device)) if loss_fn else model(x.to(device), y.to(device))
+    for i, batch in enumerate(batches):
+        inputs = [t.to(device) for t in batch]
+        loss = loss_fn(model, *inputs) if loss_fn else model(*inputs)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -37,7 +40,7 @@ def train(make_model, make_opt, batches, device, loss_fn=None, after_step=None):
             after_step(i)
     with torch.no_grad():  # p.detach() would trace a detach_copy and run a graph per parameter
         params = {n: p.cpu() for n, p in model.named_parameters()}
-    return torch.tensor(losses), params
+    return torch.tensor(losses, dtype=torch.float64), params
 
 
 def hf_step(model, opt, device, **inputs) -> float:

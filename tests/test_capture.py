@@ -1038,3 +1038,4 @@ def test_a_forward_with_an_in_place_view_op_is_recorded(lazy_level, how):
     assert_same_training(eager, lazy, **FP64)
     s = metrics.snapshot()
     assert s["capture_records"] == 1 and s["capture_refused"] == 0 and s["fallback_count"] == 0, metrics.report()
+    assert_compiled(s, calls=len(batches))  # generated code ran, not TorchScript

@@ -92,35 +92,17 @@ def test_hugging_face_models_checkpoint_their_layers(name):
 
     def make():
         return zoo.make_model(variant, dtype=torch.float64).train()
-
-    def loss_fn(model, *inputs):
-        return spec.loss(model, *inputs)
-    eager = _zoo_train(make, spec.optimizer, batches, CPU, loss_fn)
+    eager = train(make, spec.optimizer, batches, CPU, spec.loss)
     lazy_mlir.init("O1", memory_budget=1 << 20)
     try:
         metrics.reset()
         with pytest.warns(UserWarning, match="memory_budget"):
-            lazy = _zoo_train(make, spec.optimizer, batches, LAZY, loss_fn)
+            lazy = train(make, spec.optimizer, batches, LAZY, spec.loss)
         s = metrics.snapshot()
     finally:
         lazy_mlir.init("O1")
-    torch.testing.assert_close(lazy, eager, rtol=1e-10, atol=1e-10)
+    assert_same_training(eager, lazy, rtol=1e-10, atol=1e-10)
     assert_compiled(s, calls=len(batches))
     (model,) = s["memory_budget"]["partitions"]
     assert model["blocks"] == zoo.SIZES["base"].layers and model[1.0]["recomputed_ops"] > 0, model
     assert s["captured_calls"] == len(batches), metrics.report()
-
-
-def _zoo_train(make, make_opt, batches, device, loss_fn):
-    model = make().to(device)
-    opt = make_opt(model)
-    losses = []
-    for batch in batches:
-        loss = loss_fn(model, *(t.to(device) for t in batch))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device.type == "lazy":
-            torch._lazy.mark_step()
-        losses.append(loss.item())
-    return torch.tensor(losses, dtype=torch.float64)
