@@ -1,7 +1,8 @@
 """Trains torchvision's own models (code nobody here wrote) a few SGD steps
 on the lazy device against eager, and says per model: the largest relative
 loss difference and the largest first-step gradient difference (each
-against eager's own: eager with its weights moved by a few ulps), graph executions
+against eager's own: eager with its weights moved by a few ulps; and
+against the same lazy trace run at O0 by TorchScript), graph executions
 per step, the first step's seconds (its compile), whether its forward was
 captured (the default) or why it ran op by op, and why a step did not run
 generated code alone (a group left in TorchScript, an eager fallback).
@@ -137,6 +138,7 @@ def main():
             if isinstance(module, stochastic_depth):
                 module.p = 0.0
         lazy = copy.deepcopy(eager).to("lazy")
+        at_o0 = copy.deepcopy(eager)  # untrained, for the O0 run
         g = torch.Generator().manual_seed(1)
         size = IMAGE_SIZE.get(name, 64)
         batches = [(torch.randn(2, 3, size, size, generator=g, dtype=dtype), torch.randint(0, 10, (2,), generator=g))
@@ -146,6 +148,12 @@ def main():
             floor_losses, _, _, floor_grads = _train(moved, "cpu", batches)
             want, _, _, want_grads = _train(eager, "cpu", batches)
             got, snapshots, seconds, got_grads = _train(lazy, "lazy", batches, metrics)
+            if args.level != "O0":  # the same lazy trace run by TorchScript: the reference of the compiled code
+                lazy_mlir.init("O0")
+                try:
+                    o0, _, _, o0_grads = _train(at_o0.to("lazy"), "lazy", batches, metrics)
+                finally:
+                    lazy_mlir.init(args.level)
         except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
             print(f"{name:20s} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             failed += 1
@@ -159,11 +167,15 @@ def main():
         captured = "  captured" if all(s["captured_calls"] for s in snapshots) else \
             f"  OP BY OP: {'; '.join(f'{m}: {w[:160]}' for m, w in refusals.items()) or 'not captured'}"
         grad, floor = (_largest_gradient_difference(want_grads, grads) for grads in (got_grads, floor_grads))
+        against_o0 = "" if args.level == "O0" else (
+            f"  against O0: loss {_largest_loss_difference(o0, got):.1e} gradients "
+            f"{_largest_gradient_difference(o0_grads, got_grads):.1e}")
         print(f"{name:20s} loss rel diff {rel:.1e} (eager's {loss_floor:.1e})  first-step gradients rel diff {grad:.1e} "
-              f"(eager's rounding floor {floor:.1e})  executions/step {executions}  first step {seconds[0]:.0f} s"
-              + later + captured + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
-        # the checker's rule: beyond the dtype's tolerance and ten times rounding's reach
-        beyond = grad > max(numerics_check.NOISE_FACTOR * floor, numerics_check.TOLERANCES[dtype][0])
+              f"(eager's rounding floor {floor:.1e}){against_o0}  executions/step {executions}  "
+              f"first step {seconds[0]:.0f} s" + later + captured + (f"  NOT COMPILED: {why}" if why else ""), flush=True)
+        # the checker's rule: beyond the dtype's tolerance and ten times rounding's reach, from eager or from O0
+        reach = max(numerics_check.NOISE_FACTOR * floor, numerics_check.TOLERANCES[dtype][0])
+        beyond = grad > reach or (args.level != "O0" and _largest_gradient_difference(o0_grads, got_grads) > reach)
         if beyond:
             print(f"{name:20s} GRADIENTS BEYOND ROUNDING", flush=True)
         failed += any(e != 1 for e in executions) or why is not None or beyond or not captured.strip() == "captured"
