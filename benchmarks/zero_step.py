@@ -49,11 +49,10 @@ FSDP2_COMPILED = in_modes("fsdp2_compiled")
 VARIANTS = ["fsdp2", *FSDP2_COMPILED, "zero1", "zero2", "zero3", "zero3_capture", "zero3_planned", "deepspeed",
             "deepcompile"]
 # Collective bytes per rank per step in units of Ψ, as the ZeRO paper counts
-# them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stage 1
-# all-reduces grads (2Ψ) and all-gathers updated params (Ψ); stage 2
-# reduce-scatters grads (Ψ) + all-gathers params (Ψ); stage 3 and FSDP2
+# them: an all-reduce moves 2Ψ (reduce-scatter + all-gather). Stages 1
+# and 2 reduce-scatter grads (Ψ) + all-gather updated params (Ψ); stage 3 and FSDP2
 # all-gather params in forward and again in backward (2Ψ) + reduce-scatter (Ψ).
-THEORY_PSI = {"fsdp2": 3, **dict.fromkeys(FSDP2_COMPILED, 3), "zero1": 3, "zero2": 2, "zero3": 3, "zero3_capture": 3,
+THEORY_PSI = {"fsdp2": 3, **dict.fromkeys(FSDP2_COMPILED, 3), "zero1": 2, "zero2": 2, "zero3": 3, "zero3_capture": 3,
               "zero3_planned": 3,
               "deepspeed": 3, "deepcompile": 3}
 MIB = 2 ** 20

@@ -11,7 +11,7 @@ from torch_mlir import ir
 from .torch_ir import create_op, tensor_info, vtensor_type
 
 UNSHARD = "torch.lazy_mlir.unshard"          # (shard, shape, group_size, group_name) -> full
-REDUCE_GRAD = "torch.lazy_mlir.reduce_grad"  # (grad, group_size, group_name, shard_rank) -> mean
+REDUCE_GRAD = "torch.lazy_mlir.reduce_grad"  # (grad, group_size, group_name, sharded, replicas, replica_group) -> mean
 C10D = "torch._c10d_functional."
 ALL_GATHER = C10D + "all_gather_into_tensor"  # (shard, group_size, group_name), async
 REDUCE_SCATTER = C10D + "reduce_scatter_tensor"  # (input, "sum", group_size, group_name), async

@@ -16,22 +16,22 @@ from .torch_ir import cat, constant_bool, constant_float, constant_int, constant
 @register
 @dataclasses.dataclass(frozen=True)
 class ZeroReduceGrads(Pass):
-    """Replaces each ``torch.lazy_mlir.reduce_grad(%grad, N, group, rank, R,
+    """Replaces each ``torch.lazy_mlir.reduce_grad(%grad, N, group, sharded, R,
     replicas)`` (the mean of a gradient over N data-parallel ranks, times R
-    replicas of the group; with rank >= 0 only that rank's flat zero-padded
+    replicas of the group; when sharded only this rank's flat zero-padded
     shard of it) by functional collectives: the
     collective starts where the marker was (as soon as backward has made
     the gradient) and its ``wait_tensor`` sits just before the first use of
     the result (as late as possible), so it overlaps the rest of backward.
 
     A shard is made with ``reduce_scatter_tensor`` over the flattened,
-    padded gradient (ZeRO-2/3); with ``all-reduce`` (ZeRO-1) by
-    ``all_reduce`` and a slice at ``rank``; with ``all-to-all`` by
-    ``all_to_all_single`` (each rank receives every rank's copy of its
-    slice) and a sum over ranks: the same bytes as a reduce-scatter, where
-    gloo runs ``reduce_scatter_tensor`` as an all-reduce (twice the bytes)
-    plus copies. Rank -1 (parameters kept whole) is an ``all_reduce``. The
-    sum is divided by N after the wait.
+    padded gradient; with ``all-to-all`` by ``all_to_all_single`` (each
+    rank receives every rank's copy of its slice) and a sum over ranks: the
+    same bytes as a reduce-scatter, where gloo runs
+    ``reduce_scatter_tensor`` as an all-reduce (twice the bytes) plus
+    copies. A whole gradient (a parameter kept whole) is an ``all_reduce``.
+    Nothing lowered names this rank: the collectives hand each rank its
+    own shard. The sum is divided by N after the wait.
 
     With R > 1 replicas (hybrid sharding) the group's sum is then
     all-reduced over the ``replicas`` group and divided by N * R. That
@@ -47,7 +47,6 @@ class ZeroReduceGrads(Pass):
     Guarantees: no ``reduce_grad`` marker remains."""
 
     name = "zero-reduce-grads"
-    all_reduce: bool = False
     all_to_all: bool = False
     bucket_bytes: int = 0
 
@@ -83,9 +82,9 @@ class ZeroReduceGrads(Pass):
         collective starts)."""
         def key(member):
             marker = member[0]
-            world, rank = _constants(self.name, marker)
+            world, sharded = _constants(self.name, marker)
             # an all-to-all bucket carries whole gradients too (see _lower_bucket)
-            kind = None if self.all_to_all else rank < 0
+            kind = None if self.all_to_all else sharded
             return (kind, world, constant_value(marker.operands[2]), _replicas(self.name, marker),
                     constant_value(marker.operands[5]), tensor_info(marker.operands[0]).dtype)
 
@@ -96,30 +95,25 @@ class ZeroReduceGrads(Pass):
 
     def _lower(self, marker, first_use, handoff) -> None:
         grad, group_size, group_name = marker.operands[:3]
-        world, rank = _constants(self.name, marker)
+        world, sharded = _constants(self.name, marker)
         replicas = _replicas(self.name, marker)
         collect = handoff if replicas > 1 else first_use  # where the group's collective is waited for
-        if rank < 0:
+        if not sharded:
             started = create_op(ALL_REDUCE, [grad, constant_str("sum", marker), group_name], [grad.type],
                                 marker).results[0]
             reduced = wait(started, collect).results[0]
         else:
             flat = _flat_padded(grad, world, marker)
-            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, marker, collect)
+            reduced = self._sum_my_shard(flat, world, group_size, group_name, marker, collect)
         reduced = _across_replicas(reduced, replicas, marker.operands[5], collect, first_use)
         _replace_by_mean(marker, reduced, world * replicas, first_use)
 
-    def _sum_my_shard(self, flat, world: int, rank: int, group_size, group_name, start, first_use):
+    def _sum_my_shard(self, flat, world: int, group_size, group_name, start, first_use):
         """This rank's 1/world slice of the sum over ranks of ``flat``: the
         collective starts before op ``start``, is waited before ``first_use``."""
         width = tensor_info(flat).shape[0] // world
         dtype, context = tensor_info(flat).dtype, flat.type.context
         mine = vtensor_type((width,), dtype, context)
-        if self.all_reduce:
-            started = create_op(ALL_REDUCE, [flat, constant_str("sum", start), group_name], [flat.type],
-                                start).results[0]
-            return slice_tensor(wait(started, first_use).results[0], 0, rank * width, (rank + 1) * width, mine,
-                                first_use)
         if self.all_to_all:  # receive every rank's copy of my slice, then add them up here
             splits = int_list([width] * world, start)
             started = create_op(ALL_TO_ALL, [flat, splits, splits, group_name], [flat.type], start).results[0]
@@ -144,9 +138,9 @@ class ZeroReduceGrads(Pass):
         world = _constants(self.name, last)[0]
         replicas = _replicas(self.name, last)
         collect = handoff if replicas > 1 else first_use
-        rank = max(_constants(self.name, m)[1] for m in markers)  # -1: all whole
+        any_sharded = any(_constants(self.name, m)[1] for m in markers)
         dtype, context = tensor_info(last.operands[0]).dtype, last.context
-        if rank < 0:
+        if not any_sharded:
             pieces = [create_aten("reshape", [m.operands[0], int_list([-1], last)],
                                   [flat_type(m.operands[0], _numel(m.operands[0]))], last).results[0] for m in markers]
             widths = [tensor_info(p).shape[0] for p in pieces]
@@ -157,7 +151,7 @@ class ZeroReduceGrads(Pass):
         else:
             rows = []
             for m in markers:
-                if _constants(self.name, m)[1] < 0:
+                if not _constants(self.name, m)[1]:
                     width = _numel(m.operands[0])
                     one = create_aten("reshape", [m.operands[0], int_list([1, width], last)],
                                       [vtensor_type((1, width), dtype, context)], last).results[0]
@@ -174,7 +168,7 @@ class ZeroReduceGrads(Pass):
             side_by_side = cat(rows, 1, vtensor_type((world, total), dtype, context), last)
             flat = create_aten("reshape", [side_by_side, int_list([-1], last)],
                                [vtensor_type((world * total,), dtype, context)], last).results[0]
-            reduced = self._sum_my_shard(flat, world, rank, group_size, group_name, last, collect)
+            reduced = self._sum_my_shard(flat, world, group_size, group_name, last, collect)
         reduced = _across_replicas(reduced, replicas, last.operands[5], collect, first_use)
         offset = 0
         for m, width in zip(markers, widths):
@@ -185,14 +179,14 @@ class ZeroReduceGrads(Pass):
             offset += width
 
 
-def _constants(pass_name, marker) -> tuple[int, int]:
+def _constants(pass_name, marker) -> tuple[int, bool]:
+    """The marker's group size and whether it makes a shard."""
     if len(marker.operands) != 6:
-        raise op_error(pass_name, marker, "takes (grad, group size, group, shard rank, replicas, replica group)")
-    group_size, shard_rank = marker.operands[1], marker.operands[3]
-    world, rank = constant_value(group_size), constant_value(shard_rank)
-    if not isinstance(world, int) or not isinstance(rank, int):
-        raise op_error(pass_name, marker, "group size and rank must be constants")
-    return world, rank
+        raise op_error(pass_name, marker, "takes (grad, group size, group, sharded, replicas, replica group)")
+    world, sharded = constant_value(marker.operands[1]), constant_value(marker.operands[3])
+    if not isinstance(world, int) or not isinstance(sharded, bool):
+        raise op_error(pass_name, marker, "group size (an int) and sharded (a bool) must be constants")
+    return world, sharded
 
 
 def _replicas(pass_name, marker) -> int:

@@ -23,20 +23,20 @@
 func.func @two_layers(%x1: !torch.vtensor<[4,4],f32>, %x0: !torch.vtensor<[4,4],f32>, %dy: !torch.vtensor<[4,4],f32>,
                       %w1: !torch.vtensor<[4,4],f32>, %w0: !torch.vtensor<[4,4],f32>) -> (!torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32>) {
   %rep1 = torch.constant.int 1
+  %whole = torch.constant.bool false
   %norep = torch.constant.str ""
   %str = torch.constant.str "0"
-  %intm1 = torch.constant.int -1
   %d1 = torch.aten.mul.Tensor %dy, %dy : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32> -> !torch.vtensor<[4,4],f32>
   %d0 = torch.aten.mm %d1, %w1 : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32> -> !torch.vtensor<[4,4],f32>
   %int2 = torch.constant.int 2
   %one = torch.constant.int 1
   %t1 = torch.aten.t %d1 : !torch.vtensor<[4,4],f32> -> !torch.vtensor<[4,4],f32>
   %g1 = torch.aten.mm %t1, %x1 : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32> -> !torch.vtensor<[4,4],f32>
-  %r1 = torch.operator "torch.lazy_mlir.reduce_grad"(%g1, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[4,4],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[4,4],f32>
+  %r1 = torch.operator "torch.lazy_mlir.reduce_grad"(%g1, %int2, %str, %whole, %rep1, %norep) : (!torch.vtensor<[4,4],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[4,4],f32>
   %u1 = torch.aten.add.Tensor %w1, %r1, %one : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32>, !torch.int -> !torch.vtensor<[4,4],f32>
   %t0 = torch.aten.t %d0 : !torch.vtensor<[4,4],f32> -> !torch.vtensor<[4,4],f32>
   %g0 = torch.aten.mm %t0, %x0 : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32> -> !torch.vtensor<[4,4],f32>
-  %r0 = torch.operator "torch.lazy_mlir.reduce_grad"(%g0, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[4,4],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[4,4],f32>
+  %r0 = torch.operator "torch.lazy_mlir.reduce_grad"(%g0, %int2, %str, %whole, %rep1, %norep) : (!torch.vtensor<[4,4],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[4,4],f32>
   %u0 = torch.aten.add.Tensor %w0, %r0, %one : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32>, !torch.int -> !torch.vtensor<[4,4],f32>
   return %u1, %u0, %d0 : !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32>, !torch.vtensor<[4,4],f32>
 }
@@ -55,16 +55,16 @@ func.func @two_layers(%x1: !torch.vtensor<[4,4],f32>, %x0: !torch.vtensor<[4,4],
 // CHECK-NEXT:    torch.aten.sin %[[X]]
 func.func @same_point(%a: !torch.vtensor<[2],f32>, %b: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>) {
   %rep1 = torch.constant.int 1
+  %whole = torch.constant.bool false
   %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
   %str = torch.constant.str "0"
-  %intm1 = torch.constant.int -1
   %x = torch.aten.exp %a : !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
   %g = torch.aten.neg %b : !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
   %y = torch.aten.sin %x : !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
   %sq = torch.aten.mul.Tensor %a, %a : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
-  %ra = torch.operator "torch.lazy_mlir.reduce_grad"(%sq, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
-  %rb = torch.operator "torch.lazy_mlir.reduce_grad"(%b, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
-  %rg = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %ra = torch.operator "torch.lazy_mlir.reduce_grad"(%sq, %int2, %str, %whole, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %rb = torch.operator "torch.lazy_mlir.reduce_grad"(%b, %int2, %str, %whole, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %rg = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %whole, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
   return %ra, %rb, %rg, %y, %g : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>
 }

@@ -1,8 +1,7 @@
 // RUN: lazy-mlir-opt %s -p zero-reduce-grads --split-input-file | filecheck %s
-// RUN: lazy-mlir-opt %s -p "zero-reduce-grads{all-reduce=true}" --split-input-file | filecheck %s --check-prefix=AR
 
-// A 3x2 gradient's mean over 3 ranks, rank 1's shard (2 elements, no pad),
-// and a whole (rank -1) gradient. Each collective starts where its marker
+// A 3x2 gradient's mean over 3 ranks, this rank's shard (2 elements, no
+// pad), and a whole gradient. Each collective starts where its marker
 // was; its wait sits just before the first use, after unrelated compute.
 
 // CHECK-LABEL: func.func @step
@@ -18,18 +17,7 @@
 // CHECK-NEXT:    return %[[Y]], %[[MEAN2]]
 // CHECK-NOT:     lazy_mlir.reduce_grad
 
-// ZeRO-1: all-reduce the flat gradient, then keep rank 1's slice [2, 4).
-// AR-LABEL: func.func @step
-// AR:         %[[ALL:.*]] = torch.operator "torch._c10d_functional.all_reduce"(%{{.*}}) : (!torch.vtensor<[6],f32>, !torch.str, !torch.str) -> !torch.vtensor<[6],f32>
-// AR:         %[[W:.*]] = torch.operator "torch._c10d_functional.wait_tensor"(%[[ALL]])
-// AR-NEXT:    %[[D0:.*]] = torch.constant.int 0
-// AR-NEXT:    %[[LO:.*]] = torch.constant.int 2
-// AR-NEXT:    %[[HI:.*]] = torch.constant.int 4
-// AR-NEXT:    %[[ONE:.*]] = torch.constant.int 1
-// AR-NEXT:    torch.aten.slice.Tensor %[[W]], %[[D0]], %[[LO]], %[[HI]], %[[ONE]] : !torch.vtensor<[6],f32>, !torch.int, !torch.int, !torch.int, !torch.int -> !torch.vtensor<[2],f32>
-// AR-NOT:     reduce_scatter
-
-// all-to-all: rank 1 receives the 3 ranks' copies of its 2-element slice
+// all-to-all: each rank receives the 3 ranks' copies of its 2-element slice
 // and adds them up after the wait; the whole gradient keeps its all-reduce.
 // RUN: lazy-mlir-opt %s -p "zero-reduce-grads{all-to-all=true}" --split-input-file | filecheck %s --check-prefix=TOALL
 // TOALL-LABEL: func.func @step
@@ -45,13 +33,14 @@
 // TOALL-NOT:     reduce_scatter
 func.func @step(%g: !torch.vtensor<[3,2],f32>, %s: !torch.vtensor<[2],f32>, %h: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>) {
   %rep1 = torch.constant.int 1
+  %sharded = torch.constant.bool true
+  %whole = torch.constant.bool false
   %norep = torch.constant.str ""
   %int3 = torch.constant.int 3
   %int1 = torch.constant.int 1
-  %intm1 = torch.constant.int -1
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int3, %str, %int1, %rep1, %norep) : (!torch.vtensor<[3,2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
-  %r2 = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int3, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int3, %str, %sharded, %rep1, %norep) : (!torch.vtensor<[3,2],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %r2 = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int3, %str, %whole, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
   %x = torch.aten.mul.Tensor %s, %s : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
   %y = torch.aten.add.Tensor %x, %r, %int1 : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.int -> !torch.vtensor<[2],f32>
   return %y, %r2 : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>
@@ -65,11 +54,11 @@ func.func @step(%g: !torch.vtensor<[3,2],f32>, %s: !torch.vtensor<[2],f32>, %h: 
 // CHECK:         torch.operator "torch._c10d_functional.reduce_scatter_tensor"{{.*}} -> !torch.vtensor<[3],f32>
 func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
   %rep1 = torch.constant.int 1
+  %sharded = torch.constant.bool true
   %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
-  %int0 = torch.constant.int 0
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %sharded, %rep1, %norep) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   return %r : !torch.vtensor<[3],f32>
 }
 
@@ -77,7 +66,7 @@ func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
 
 // Bucketing: two sharded gradients (6 and 5 elements over 2 ranks: shards of
 // 3 and 3) share one reduce-scatter, laid out [2 ranks, 3 + 3] side by side,
-// started where the second marker was; the whole (rank -1) gradient after
+// started where the second marker was; the whole gradient after
 // them is another kind and keeps its own all-reduce.
 // RUN: lazy-mlir-opt %s -p "zero-reduce-grads{bucket-bytes=64}" --split-input-file | filecheck %s --check-prefix=BUCKET
 // BUCKET-LABEL: func.func @bucketed
@@ -110,15 +99,15 @@ func.func @padded(%g: !torch.vtensor<[5],f32>) -> !torch.vtensor<[3],f32> {
 // BUCKET-COUNT-2: reduce_scatter_tensor
 func.func @bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %k: !torch.vtensor<[2],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>) {
   %rep1 = torch.constant.int 1
+  %sharded = torch.constant.bool true
+  %whole = torch.constant.bool false
   %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
-  %int0 = torch.constant.int 0
-  %intm1 = torch.constant.int -1
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %sharded, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   %m = torch.aten.mul.Tensor %h, %h : !torch.vtensor<[5],f32>, !torch.vtensor<[5],f32> -> !torch.vtensor<[5],f32>
-  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%m, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
-  %a = torch.operator "torch.lazy_mlir.reduce_grad"(%k, %int2, %str, %intm1, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
+  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%m, %int2, %str, %sharded, %rep1, %norep) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %a = torch.operator "torch.lazy_mlir.reduce_grad"(%k, %int2, %str, %whole, %rep1, %norep) : (!torch.vtensor<[2],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[2],f32>
   return %r, %s, %a : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[2],f32>
 }
 
@@ -128,13 +117,13 @@ func.func @bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %k
 // would precede the shared collective's start).
 func.func @not_bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[6],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>) {
   %rep1 = torch.constant.int 1
+  %sharded = torch.constant.bool true
   %norep = torch.constant.str ""
   %int2 = torch.constant.int 2
-  %int0 = torch.constant.int 0
   %str = torch.constant.str "0"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %str, %sharded, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   %u = torch.aten.mul.Tensor %r, %r : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
-  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %str, %int0, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %s = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %str, %sharded, %rep1, %norep) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   return %u, %s : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>
 }
 
@@ -167,12 +156,12 @@ func.func @not_bucketed(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[6],f32>
 // CHECK-NOT:     lazy_mlir.reduce_grad
 func.func @hybrid(%g: !torch.vtensor<[6],f32>, %h: !torch.vtensor<[5],f32>, %s: !torch.vtensor<[3],f32>) -> (!torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>) {
   %int2 = torch.constant.int 2
-  %int0 = torch.constant.int 0
   %shards = torch.constant.str "lazy_mlir.shard.0.2"
+  %sharded = torch.constant.bool true
   %replicas = torch.constant.str "lazy_mlir.replica.0.2"
-  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %shards, %int0, %int2, %replicas) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %r = torch.operator "torch.lazy_mlir.reduce_grad"(%g, %int2, %shards, %sharded, %int2, %replicas) : (!torch.vtensor<[6],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   %x = torch.aten.mul.Tensor %s, %s : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
-  %q = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %shards, %int0, %int2, %replicas) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.int, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
+  %q = torch.operator "torch.lazy_mlir.reduce_grad"(%h, %int2, %shards, %sharded, %int2, %replicas) : (!torch.vtensor<[5],f32>, !torch.int, !torch.str, !torch.bool, !torch.int, !torch.str) -> !torch.vtensor<[3],f32>
   %z = torch.aten.mul.Tensor %x, %x : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32> -> !torch.vtensor<[3],f32>
   return %r, %q, %z : !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[3],f32>
 }

@@ -103,7 +103,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: 
     into backward), instead of being gathered again; ``bucket_bytes``:
     gradient reductions, and gathers started at one point, are merged into
     collectives of up to this many bytes; ``reduce_scatter``: how
-    gradient shards are reduced (stages 2-3): ``"reduce_scatter_tensor"``,
+    gradient shards are reduced: ``"reduce_scatter_tensor"``,
     or ``"all_to_all"`` (each rank receives every rank's copy of its shard
     and adds them up: gloo's reduce-scatter is an all-reduce, twice the
     bytes); ``"auto"`` picks ``all_to_all`` on gloo;

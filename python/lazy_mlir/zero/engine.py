@@ -7,14 +7,18 @@ persistence threshold, ``shard`` is this rank's flat padded slice, the
 tensor the wrapped optimizer owns (so its state is sharded in every stage):
 
 stage 1  p stays whole. At ``step()``: ``shard <- slice(p)``,
-         ``shard.grad <- reduce_grad(p.grad)`` (lowered to all-reduce),
+         ``shard.grad <- reduce_grad(p.grad)`` (lowered to reduce-scatter),
          inner step on shards, ``p <- unshard(shard)``.
-stage 2  as 1, but each gradient is reduced (reduce-scatter) by a hook as
-         soon as backward produces it, and only its shard is kept.
+stage 2  as 1, but each gradient is reduced by a hook as soon as backward
+         produces it, and only its shard is kept.
 stage 3  ``shard`` is the only storage. A forward pre-hook sets
          ``p <- unshard(shard)`` (full logical shape in the trace, no data);
          the gradient hook reduce-scatters into ``shard.grad`` and empties
          ``p``; the inner step updates shards in place.
+``slice(p)`` picks this rank's row of p's shards by an index held as
+device data, not as a constant: no traced step names the rank, so every
+rank's step is the same graph, compiled once per job
+(compile_cache.exclusive).
 Parameters at or below the persistence threshold stay whole on every rank;
 their gradients are all-reduced and the inner optimizer updates them as is.
 Hybrid sharding: "the group" above is this rank's shard group, one of
@@ -125,6 +129,7 @@ class ZeroEngine:
         self.managed: list[ManagedParam] = []
         self.by_param: dict[int, ManagedParam] = {}
         self._empty: dict[torch.dtype, torch.Tensor] = {}
+        self._rank_row: torch.Tensor | None = None  # [this rank], device data: set by shard()
         self._undo: list = []  # callables reverting attach()'s changes, in order
         self.pipeline: str | None = None  # set by zero.initialize
 
@@ -139,6 +144,8 @@ class ZeroEngine:
             self.group, self.group_name, self.replica_group_name = hybrid_groups(
                 self.process_group, self._shard_ranks, self._replica_ranks)
         self.managed = [self._manage(name, p) for name, p in self._trainable]
+        device = self._trainable[0][1].device if self._trainable else torch.device("lazy")
+        self._rank_row = torch.tensor([self.rank]).to(device)
         self.by_param = {id(m.param): m for m in self.managed}
 
     def attach(self, model) -> None:
@@ -179,8 +186,7 @@ class ZeroEngine:
                   if not p.name.startswith("zero-")]
         at = passes.index("cse") if "cse" in passes else len(passes)
         zero = ["zero-hoist-reduces",
-                f"zero-reduce-grads{{all-reduce={str(self.stage == 1).lower()},"
-                f"all-to-all={str(self.stage > 1 and self.reduce_scatter == 'all_to_all').lower()},"
+                f"zero-reduce-grads{{all-to-all={str(self.reduce_scatter == 'all_to_all').lower()},"
                 f"bucket-bytes={self.bucket_bytes}}}",
                 f"zero-insert-gather{{regather={str(self.stage == 3).lower()},reuse-bytes={reuse}}}",
                 f"zero-prefetch{{budget-bytes={prefetch},bucket-bytes={self.bucket_bytes}}}"]
@@ -226,15 +232,15 @@ class ZeroEngine:
         return torch.ops.lazy_mlir.unshard(m.shard.detach(), m.shape, self.world, self.group_name)
 
     def _reduce(self, grad: torch.Tensor, m: ManagedParam) -> torch.Tensor:
-        # Only stage 1's lowering (an all-reduce, then a slice) needs this
-        # rank's number; the reduce-scatter and all-to-all of stages 2-3 hand
-        # each rank its own shard. Tracing 0 there leaves stage 3's steps
-        # with no rank number at all (1-2 slice the parameter at the rank):
-        # every rank's step is the same group, compiled once per job
-        # (compile_cache.exclusive).
-        shard_rank = -1 if not m.sharded else self.rank if self.stage == 1 else 0
-        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, shard_rank, self.replicas,
+        return torch.ops.lazy_mlir.reduce_grad(grad, self.world, self.group_name, m.sharded, self.replicas,
                                                self.replica_group_name)
+
+    def _my_shard(self, m: ManagedParam) -> torch.Tensor:
+        """A copy of this rank's shard of p (in-place updates of the shard
+        must not write into p), selected by the device-data rank index."""
+        size = ops.shard_size(m.numel, self.world)
+        rows = ops.flat_padded(m.param.detach(), self.world).view(self.world, size)
+        return rows.index_select(0, self._rank_row).view(size)
 
     def _begin_step(self, module, args):
         if self.schedule is not None:
@@ -282,9 +288,7 @@ class ZeroEngine:
             if not m.sharded:
                 continue
             if self.stage < 3:
-                size = ops.shard_size(m.numel, self.world)
-                # a copy, not a view: in-place updates of the shard must not write into p
-                m.shard.data = ops.flat_padded(m.param.detach(), self.world).narrow(0, self.rank * size, size).clone()
+                m.shard.data = self._my_shard(m)
             m.shard.grad = m.grad_shard
 
     def after_step(self) -> None:

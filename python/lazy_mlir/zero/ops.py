@@ -3,17 +3,15 @@
 ``lazy_mlir::unshard(shard, shape, group_size, group_name)``
     The full tensor of logical ``shape`` whose flat, zero-padded data is split
     in ``group_size`` equal shards over the group; ``shard`` is this rank's.
-``lazy_mlir::reduce_grad(grad, group_size, group_name, shard_rank, replicas, replica_group)``
-    The mean of ``grad`` over the group's ranks (data parallelism): all of it
-    when ``shard_rank`` is -1, else only this rank's flat padded shard.
+``lazy_mlir::reduce_grad(grad, group_size, group_name, sharded, replicas, replica_group)``
+    The mean of ``grad`` over the group's ranks (data parallelism): all of it,
+    or with ``sharded`` only this rank's flat padded shard.
     With ``replicas`` > 1 (hybrid sharding) the group is one of ``replicas``
     groups that each hold all the shards, and the mean is over all of their
     ranks: the group's result is then averaged over ``replica_group`` (the
     ranks holding the same shard in each group).
-    ``shard_rank`` >= 0 is this rank's number where the lowering slices an
-    all-reduce (ZeRO-1); stages 2-3 trace 0 on every rank (their
-    collectives deliver each rank its own shard), so ZeRO-3's step graphs
-    are the same on every rank.
+    Neither op names this rank (the collectives deliver each rank its own
+    shard), so a step traced with them is the same graph on every rank.
 
 They enter the lazy trace as single nodes (their Lazy kernels trace them as
 TorchScript builtins), so each compiled group sees them with full shapes;
@@ -51,9 +49,9 @@ def _(shard, shape, group_size, group_name):
 
 
 @torch.library.custom_op("lazy_mlir::reduce_grad", mutates_args=(), device_types=("cpu", "cuda"))
-def reduce_grad(grad: torch.Tensor, group_size: int, group_name: str, shard_rank: int, replicas: int,
+def reduce_grad(grad: torch.Tensor, group_size: int, group_name: str, sharded: bool, replicas: int,
                 replica_group: str) -> torch.Tensor:
-    if shard_rank < 0:
+    if not sharded:
         total = _c10d.wait_tensor(_c10d.all_reduce(grad.contiguous(), "sum", group_name))
     else:
         flat = flat_padded(grad, group_size)
@@ -64,8 +62,8 @@ def reduce_grad(grad: torch.Tensor, group_size: int, group_name: str, shard_rank
 
 
 @reduce_grad.register_fake
-def _(grad, group_size, group_name, shard_rank, replicas, replica_group):
-    if shard_rank < 0:
+def _(grad, group_size, group_name, sharded, replicas, replica_group):
+    if not sharded:
         return torch.empty_like(grad)
     return grad.new_empty(shard_size(grad.numel(), group_size))
 
