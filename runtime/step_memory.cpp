@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <sys/mman.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -92,6 +93,27 @@ struct Plan {
     auto next = live.lower_bound(offset);
     if (next != live.end() && next->first < offset + n) return false;
     return next == live.begin() || std::prev(next)->second <= offset;
+  }
+
+  // Gives the whole pages of the arena's [begin, end) back to the system;
+  // the arena keeps its addresses, and a page reads as zeros when next
+  // touched. Pages shared with bytes outside the range stay.
+  void dropPages(size_t begin, size_t end) const {
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    if (!arena || end <= begin) return;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(arena.get());
+    const uintptr_t lo = (base + begin + page - 1) & ~(page - 1), hi = (base + end) & ~(page - 1);
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
+
+  // Every page no handed-out buffer is on.
+  void dropUnused() const {
+    size_t at = 0;
+    for (const auto& [begin, end] : live) {
+      dropPages(at, begin);
+      at = std::max(at, end);
+    }
+    dropPages(at, bytes);
   }
 };
 
@@ -191,7 +213,11 @@ class StepMemory final : public c10::Allocator {
         replans_ = strays_ = 0;
       } else if (followed_ && ++strays_ < 2) {
         // one other step (an evaluation between training steps) keeps the
-        // plan: it took its buffers from the free lists
+        // plan: it took its buffers from the free lists, which go now. Kept,
+        // a next step that strays too (a graph changed for good) would hold
+        // them beside the arena's pages it takes again before it strays.
+        dropCache();
+        malloc_trim(0);
       } else if (++replans_ > kMaxReplans || trace_.size() >= kMaxPlanned) {
         plan_.reset();
         planning_ = false;  // until release(): the free lists serve every step
@@ -248,7 +274,12 @@ class StepMemory final : public c10::Allocator {
   void* fromPlan(size_t index, size_t n) {
     if (!plan_ || strayed_) return nullptr;
     if (index >= plan_->sizes.size() || plan_->sizes[index] != n) {
-      strayed_ = true;  // other sizes: the rest of the step from the free lists
+      // Other sizes: the rest of the step from the free lists. The plan
+      // stays for the steps after (an evaluation between training steps),
+      // but not its pages: a step that strays holds its own buffers and
+      // the plan's live ones, not the whole arena beside them.
+      strayed_ = true;
+      plan_->dropUnused();
       return nullptr;
     }
     const size_t offset = plan_->offsets[index];
@@ -322,6 +353,7 @@ class StepMemory final : public c10::Allocator {
     if (block.step == step_ && block.index < trace_.size()) trace_[block.index].freed = clock_++;
     if (block.plan) {
       block.plan->live.erase(block.offset);
+      if (block.plan == plan_ && strayed_) block.plan->dropPages(block.offset, block.offset + block.size);
       blocks_.erase(it);  // the last buffer of a replaced plan frees its arena
       return;
     }

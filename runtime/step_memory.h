@@ -20,7 +20,11 @@
 // (GPT-2-small's shape: 411 MiB for a 396 MiB peak; exact-size free lists
 // kept 487). A buffer whose bytes are still held (one kept past its step)
 // is not handed out again, and a step that asks for other sizes takes the
-// rest from the free lists. Until a plan has served a step, buffers get
+// rest from the free lists, the arena's pages that no buffer of it holds
+// given back meanwhile (madvise), and its free-list blocks at its end, so
+// that such a step (an evaluation, or a memory budget's switch to another
+// graph) and the one after it do not hold the arena beside their own
+// buffers. Until a plan has served a step, buffers get
 // pages of their own, unmapped when freed, so that a run's first steps hold
 // no more than their live buffers either. After kMaxReplans steps in a row
 // that did not repeat, planning stops until release().
