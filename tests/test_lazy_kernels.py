@@ -208,10 +208,13 @@ def test_out_and_inplace_variants_trace_their_functional_sibling(lazy_level):
         torch.ops.aten.where.self_out(cond.to(LAZY), xl, yl, out=out)
         inplace = xl.clone()
         torch.ops.aten.sinc_(inplace)
+        shifted = torch.arange(4).to(LAZY)  # Python's in-place operator: __ilshift__ -> __lshift__
+        torch.ops.aten.__ilshift__.Scalar(shifted, 2)
     torch._lazy.mark_step()
     assert metrics.snapshot()["fallback_count"] == 0, metrics.snapshot()["fallbacks"]
     torch.testing.assert_close(out.cpu(), torch.where(cond, x, y))
     torch.testing.assert_close(inplace.cpu(), torch.sinc(x))
+    assert shifted.cpu().tolist() == [0, 4, 8, 12]
 
 
 def test_every_mutable_variant_with_a_functional_sibling_is_covered(lazy_level):
@@ -235,6 +238,8 @@ def test_every_op_on_the_eager_path_says_why(lazy_level):
     assert not {"aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::_ctc_loss.Tensor"} & set(uncovered)
     assert uncovered["aten::unique_dim"].startswith("its sizes come from its inputs' values")
     assert uncovered["aten::cauchy_"].startswith("random") and "aten::poisson" not in uncovered
+    assert uncovered["aten::linspace.out"].startswith("a factory's out= variant")
+    assert uncovered["aten::_scaled_dot_product_flash_attention_for_cpu"].startswith("another backend's own kernel")
 
 
 def test_composites_that_call_their_own_out_variant_are_traced(lazy_level):

@@ -266,7 +266,10 @@ def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | No
     ``_native_batch_norm_legit_functional`` for ``_native_batch_norm_legit``
     (see ``_sibling_targets``)."""
     base = op._schema.name[len("aten::"):]
-    names = [base[:-1]] if base.endswith("_") and not base.endswith("__") else [base]
+    if base.startswith("__i") and base.endswith("__"):  # Python's in-place operators: __ilshift__ -> __lshift__
+        names = ["__" + base[3:]]
+    else:
+        names = [base[:-1]] if base.endswith("_") and not base.endswith("__") else [base]
     names.append(names[0] + "_functional")
     for name in names:
         packet = getattr(aten, name, None)
@@ -369,12 +372,17 @@ _OTHER_LAYOUTS = re.compile(r"^aten::(_indices|_values|_nnz|_dim[IV]|q_|qscheme|
                             r"_validate_compressed)")
 _WHY = (
     (lambda q, op: op is None, "Python cannot name it"),
-    (lambda q, op: _OTHER_DEVICES.search(q), "a kernel of another device (CUDA, MPS)"),
+    (lambda q, op: _OTHER_DEVICES.search(q),
+     "another backend's own kernel (CUDA, MPS, the CPU's flash attention): the lazy device takes the op's traced path"),
     (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized or nested tensors, which the lazy device has not"),
     (lambda q, op: torch.Tag.nondeterministic_seeded in op.tags,
      "random: drawn eagerly, in eager's generator stream"),
     (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
      "a view: functionalization hands the lazy device its *_copy op instead"),
+    (lambda q, op: op._schema.is_mutable and not any(isinstance(a.type, torch.TensorType) and not a.is_out
+                                                     for a in op._schema.arguments),
+     "a factory's out= variant (its sibling's composite kernel calls it back): computed on the host from its "
+     "numbers, no sync, and handed to the step as data"),
     (lambda q, op: op._schema.is_mutable, "mutates its arguments, with no functional sibling to trace"),
     (lambda q, op: not any(isinstance(r.type, (torch.TensorType, torch.ListType)) for r in op._schema.returns),
      "returns a host value (the eager path reads its inputs)"),
