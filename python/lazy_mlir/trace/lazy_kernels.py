@@ -227,14 +227,17 @@ def _written(schema) -> list[int]:
     return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
 
-def _sibling_targets(op: torch._ops.OpOverload, candidate: torch._ops.OpOverload) -> list | None:
+def _sibling_targets(op: torch._ops.OpOverload, candidate: torch._ops.OpOverload,
+                     composite_ok: bool = False) -> list | None:
     """Where each result of functional ``candidate`` goes for mutable ``op``:
     the index of the argument it is copied into, or None (a fresh result
     ``op`` returns). None when ``candidate`` does not compute what ``op`` writes.
 
     Same name (``where.self``, ``sin``): one result per mutated argument.
     ``*_functional`` (``_native_batch_norm_legit_functional``): ``op``'s
-    results, then one per argument ``op`` updates in place (running stats)."""
+    results, then one per argument ``op`` updates in place (running stats).
+    ``composite_ok``: also a factory whose Lazy entry is a composite kernel
+    (see ``_host_factory``)."""
     schema, cs = op._schema, candidate._schema
     if cs.is_mutable or not all(isinstance(r.type, torch.TensorType) for r in cs.returns):
         return None
@@ -249,7 +252,7 @@ def _sibling_targets(op: torch._ops.OpOverload, candidate: torch._ops.OpOverload
             return None
         if not (len(written) == 1 and schema.arguments[written[0]].is_out):
             return None
-        if not _has_own_lazy_kernel(_qualified(candidate)):
+        if not (composite_ok or _has_own_lazy_kernel(_qualified(candidate))):
             return None  # its composite kernel would call op back with an empty({0}) out (linspace)
     if not cs.name.endswith("_functional"):
         return written if len(cs.returns) == len(written) else None
@@ -278,6 +281,36 @@ def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | No
             if _sibling_targets(op, candidate) is not None:
                 return candidate
     return None
+
+
+def _host_factory(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The factory of numbers only whose out= variant is ``op``, when its
+    Lazy entry is aten's composite kernel, which calls ``op`` back with an
+    empty({0}) out the lazy device cannot resize: ``linspace`` for
+    ``linspace.out`` (also logspace, range)."""
+    schema = op._schema
+    if any(isinstance(a.type, torch.TensorType) and not a.is_out for a in schema.arguments):
+        return None
+    packet = getattr(aten, schema.name[len("aten::"):], None)
+    for overload in (packet.overloads() if packet is not None else ()):
+        candidate = getattr(packet, overload)
+        named = _qualified(candidate)
+        if (_sibling_targets(op, candidate, composite_ok=True) is not None and not _has_own_lazy_kernel(named)
+                and torch._C._dispatch_has_kernel_for_dispatch_key(named, "CompositeExplicitAutograd")):
+            return candidate
+    return None
+
+
+def _host_factory_kernel(op):
+    """``op`` (a factory of numbers: linspace) made on the host and handed to
+    the step as device data, as a tensor the user moves there: no sync, no
+    eager fallback (nothing lazy is read)."""
+
+    def kernel(*args, **kwargs):
+        device = kwargs.get("device") or torch.device("lazy")
+        return op(*args, **{**kwargs, "device": torch.device("cpu")}).to(device)
+
+    return kernel
 
 
 def _active_ops() -> set:
@@ -379,10 +412,6 @@ _WHY = (
      "random: drawn eagerly, in eager's generator stream"),
     (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
      "a view: functionalization hands the lazy device its *_copy op instead"),
-    (lambda q, op: op._schema.is_mutable and not any(isinstance(a.type, torch.TensorType) and not a.is_out
-                                                     for a in op._schema.arguments),
-     "a factory's out= variant (its sibling's composite kernel calls it back): computed on the host from its "
-     "numbers, no sync, and handed to the step as data"),
     (lambda q, op: op._schema.is_mutable, "mutates its arguments, with no functional sibling to trace"),
     (lambda q, op: not any(isinstance(r.type, (torch.TensorType, torch.ListType)) for r in op._schema.returns),
      "returns a host value (the eager path reads its inputs)"),
@@ -854,6 +883,9 @@ def install() -> None:
             _register_functional(op)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in mutable:  # after the functional kernels: the siblings they call
+        factory = _host_factory(op)
+        if factory is not None:  # its own kernel: never its composite calling op, and op's sibling
+            _LIB.impl(_qualified(factory)[len("aten::"):], _host_factory_kernel(factory), "Lazy")
         sibling = _functional_sibling(op)
         sibling_name = _qualified(sibling) if sibling is not None else None
         if sibling is None:
