@@ -193,6 +193,7 @@ class StepMemory final : public c10::Allocator {
     followed_ = false;
     planning_ = true;
     replans_ = strays_ = 0;
+    last_stray_.clear();
   }
 
   // The step that ends: its peak above what was live when it began (blocks
@@ -209,15 +210,18 @@ class StepMemory final : public c10::Allocator {
     if (!trace_.empty() && planning_) {
       const bool followed = plan_ && !strayed_ && plan_->sizes.size() == trace_.size();
       if (followed) {
-        followed_ = true;
+        followed_ = followed_since_stray_ = true;
         replans_ = strays_ = 0;
       } else if (followed_ && ++strays_ < 2) {
         // one other step (an evaluation between training steps) keeps the
-        // plan: it took its buffers from the free lists, which go now. Kept,
-        // a next step that strays too (a graph changed for good) would hold
-        // them beside the arena's pages it takes again before it strays.
-        dropCache();
-        malloc_trim(0);
+        // plan: it took its buffers from the free lists. Those of a new way
+        // of straying go now: kept, a next step that strays too (a graph
+        // changed for good) would hold them beside the arena's pages it
+        // takes again before it strays.
+        if (!recurring_) {
+          dropCache();
+          malloc_trim(0);
+        }
       } else if (++replans_ > kMaxReplans || trace_.size() >= kMaxPlanned) {
         plan_.reset();
         planning_ = false;  // until release(): the free lists serve every step
@@ -229,9 +233,14 @@ class StepMemory final : public c10::Allocator {
         malloc_trim(0);
       }
     }
+    if (strayed_) {
+      last_stray_.clear();
+      for (const TraceEntry& e : trace_) last_stray_.push_back(e.size);
+      followed_since_stray_ = false;
+    }
     trace_.clear();
     clock_ = 0;
-    strayed_ = false;
+    strayed_ = recurring_ = false;
     ++step_;
   }
 
@@ -275,11 +284,18 @@ class StepMemory final : public c10::Allocator {
     if (!plan_ || strayed_) return nullptr;
     if (index >= plan_->sizes.size() || plan_->sizes[index] != n) {
       // Other sizes: the rest of the step from the free lists. The plan
-      // stays for the steps after (an evaluation between training steps),
-      // but not its pages: a step that strays holds its own buffers and
-      // the plan's live ones, not the whole arena beside them.
+      // stays for the steps after (an evaluation between training steps).
+      // A new way of straying (a graph changed for good, a first
+      // evaluation) gives back the arena's pages no buffer of it holds, so
+      // that the step holds its own buffers and the plan's live ones, not
+      // the whole arena beside them; the way the last straying step went
+      // (steps that take turns: gradient accumulation's last micro-batch)
+      // keeps them, and its free lists serve it without page faults.
       strayed_ = true;
-      plan_->dropUnused();
+      recurring_ = followed_since_stray_ && last_stray_.size() >= trace_.size() &&
+                   std::equal(trace_.begin(), trace_.end(), last_stray_.begin(),
+                              [](const TraceEntry& e, size_t size) { return e.size == size; });
+      if (!recurring_) plan_->dropUnused();
       return nullptr;
     }
     const size_t offset = plan_->offsets[index];
@@ -353,7 +369,9 @@ class StepMemory final : public c10::Allocator {
     if (block.step == step_ && block.index < trace_.size()) trace_[block.index].freed = clock_++;
     if (block.plan) {
       block.plan->live.erase(block.offset);
-      if (block.plan == plan_ && strayed_) block.plan->dropPages(block.offset, block.offset + block.size);
+      if (block.plan == plan_ && strayed_ && !recurring_) {
+        block.plan->dropPages(block.offset, block.offset + block.size);
+      }
       blocks_.erase(it);  // the last buffer of a replaced plan frees its arena
       return;
     }
@@ -389,6 +407,9 @@ class StepMemory final : public c10::Allocator {
   uint64_t step_ = 0;
   std::shared_ptr<Plan> plan_;
   bool strayed_ = false;   // this step asked for other sizes than the plan's
+  bool recurring_ = false;  // ... as the last step that strayed did, so far, with a step that followed between
+  bool followed_since_stray_ = false;
+  std::vector<size_t> last_stray_;  // the sizes the last step that strayed asked for
   bool followed_ = false;  // a step took its buffers from a plan (since release())
   bool planning_ = true;   // false after kMaxReplans steps in a row that did not repeat
   int replans_ = 0;

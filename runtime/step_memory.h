@@ -20,12 +20,15 @@
 // (GPT-2-small's shape: 411 MiB for a 396 MiB peak; exact-size free lists
 // kept 487). A buffer whose bytes are still held (one kept past its step)
 // is not handed out again, and a step that asks for other sizes takes the
-// rest from the free lists, the arena's pages that no buffer of it holds
-// given back meanwhile (madvise), and its free-list blocks at its end, so
-// that such a step (an evaluation, or a memory budget's switch to another
-// graph) and the one after it do not hold the arena beside their own
-// buffers. Until a plan has served a step, buffers get
-// pages of their own, unmapped when freed, so that a run's first steps hold
+// rest from the free lists. A step that strays in a new way (a memory
+// budget's switch to another graph, a first evaluation) gives back the
+// arena's pages that no buffer of it holds meanwhile (madvise), and its
+// free-list blocks at its end, so that it and the step after do not hold
+// the arena beside their own buffers; one that strays as the last one did,
+// with steps that followed the plan between (steps taking turns: gradient
+// accumulation's last micro-batch), keeps both, and runs without page
+// faults. Until a plan has served a step, buffers get pages of their own,
+// unmapped when freed, so that a run's first steps hold
 // no more than their live buffers either. After kMaxReplans steps in a row
 // that did not repeat, planning stops until release().
 //

@@ -166,6 +166,49 @@ def test_steps_of_other_sizes_do_not_hold_the_arena_beside_their_buffers():
     assert again == planned_at and _C.step_memory_stats()["planned_bytes"] == 48 * MIB + 4096
 
 
+def test_steps_that_keep_straying_do_not_hold_the_arena_either():
+    """A graph changed for good (a memory budget's switch): the second step
+    that strays, which takes the plan's first buffer again before it strays,
+    gives the arena's pages back too (no step that followed the plan came
+    between: not steps taking turns)."""
+    lazy_mlir.init("O1")
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+    for _ in range(3):
+        _step([48, 8])  # both at the arena's offset 0: 48 MiB
+    before = _resident()
+    for _ in range(2):
+        with _C.StepMemoryScope():
+            t = torch.full((48 * MIB + 4096,), 1, dtype=torch.uint8)  # the plan's first buffer
+            del t
+            u = torch.full((5 * MIB,), 2, dtype=torch.uint8)  # other sizes: the step strays
+            during = _resident()
+            del u
+        torch._lazy.mark_step()
+        assert during < before - 32 * MIB, (before, during)
+
+
+def test_steps_taking_turns_keep_the_arena_and_their_free_lists():
+    """Steps that stray the same way each time (gradient accumulation's last
+    micro-batch after the others) keep the arena's pages and their own
+    free-list blocks from their second turn on: no page faults, every
+    buffer from the plan or a free list."""
+    lazy_mlir.init("O1")
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+    for _ in range(2):
+        planned_at, _ = _step([3, 1])
+    for _ in range(2):  # the first turns: the first gives its blocks back, the second keeps them
+        _step([5])
+        _step([3, 1])
+    before = _counts()
+    for _ in range(2):
+        _step([5])
+        again, _ = _step([3, 1])
+    assert tuple(a - b for a, b in zip(_counts(), before)) == (4, 2, 0)  # planned, hits, misses
+    assert again == planned_at
+
+
 def _free_lists_only():
     """Steps whose sizes never repeat: planning stops, the free lists serve."""
     _C.release_step_memory()
