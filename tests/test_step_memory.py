@@ -166,6 +166,29 @@ def test_steps_of_other_sizes_do_not_hold_the_arena_beside_their_buffers():
     assert again == planned_at and _C.step_memory_stats()["planned_bytes"] == 48 * MIB + 4096
 
 
+def test_a_step_that_strays_keeps_the_plans_live_buffers_intact():
+    """Giving the arena's pages back skips those of the plan's buffers still
+    in use: a buffer taken from the plan before the step strayed keeps its
+    bytes (a dropped page would read as zeros)."""
+    lazy_mlir.init("O1")
+    _C.release_step_memory()
+    torch._lazy.mark_step()
+
+    def step(stray_mib=None):
+        with _C.StepMemoryScope():
+            planned = torch.full((8 * MIB + 4096,), 7, dtype=torch.uint8)
+            other = torch.full(((stray_mib or 4) * MIB + 4096,), 1, dtype=torch.uint8)
+            intact = bool(torch.all(planned == 7)) and bool(torch.all(other == 1))
+            del planned, other
+        torch._lazy.mark_step()
+        return intact
+
+    for _ in range(3):
+        assert step()
+    assert step(stray_mib=5)  # the second buffer strays while the first is live
+    assert step()
+
+
 def test_steps_that_keep_straying_do_not_hold_the_arena_either():
     """A graph changed for good (a memory budget's switch): the second step
     that strays, which takes the plan's first buffer again before it strays,
