@@ -50,7 +50,6 @@ def init(level: str = "O1", **options) -> config.Config:
     autocast.install(cfg.device)  # torch.autocast("lazy"), with the backing device's cast policy
     _C.set_ltc_ir_debug(True)  # LTC calls the frame function only in IR-debug mode
     lazy_kernels.install()
-    _C.install_dead_draws()  # unused draws run too, as in eager (our sampling kernels' draws among them)
     module_ties.install()
     step_errors.install()  # a failed step's stored error must not fail the next one
     # its optimizer hook first: an expert's None gradient is seen by steady_state's

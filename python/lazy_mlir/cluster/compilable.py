@@ -28,7 +28,7 @@ RANDOM_OPS = {
     "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like", "aten::randperm",
     "aten::normal", "aten::normal_functional", "aten::uniform", "aten::multinomial", "aten::exponential",
     "aten::geometric", "aten::cauchy", "aten::log_normal", "aten::random", "aten::poisson", "aten::binomial",
-    "aten::_standard_gamma", "aten::_sample_dirichlet",
+    "aten::_standard_gamma", "aten::_sample_dirichlet", "aten::rrelu_with_noise_functional",
     "lazy_mlir::dropout_mask",  # eager's dropout mask, split from its product (lazy_backend/ltc_fixes/dropout_masks.h)
 }
 # Inductor generates grouped products (MoE experts) for CUDA bfloat16 only,

@@ -409,7 +409,8 @@ _WHY = (
      "another backend's own kernel (CUDA, MPS, the CPU's flash attention): the lazy device takes the op's traced path"),
     (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized or nested tensors, which the lazy device has not"),
     (lambda q, op: torch.Tag.nondeterministic_seeded in op.tags,
-     "random: drawn eagerly, in eager's generator stream"),
+     "random, with no traced sampling op (randperm, a factory; other devices' dropout kernels): drawn eagerly, "
+     "at once"),
     (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
      "a view: functionalization hands the lazy device its *_copy op instead"),
     (lambda q, op: op._schema.is_mutable, "mutates its arguments, with no functional sibling to trace"),
@@ -862,12 +863,12 @@ def install() -> None:
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():
         _LIB.impl(name, fn, "Lazy")
-    functional, mutable = [], []
+    functional, mutable, mutable_draws = [], [], []
     for op in _aten_ops_falling_back():
         if _is_functional_tensor_op(op):
             functional.append(op)
-        elif op._schema.is_mutable and torch.Tag.nondeterministic_seeded not in op.tags:
-            mutable.append(op)
+        elif op._schema.is_mutable:
+            (mutable_draws if _draws(op) else mutable).append(op)
     for op in functional:
         if _draws(op):
             # A sampling op traced as a node draws when the step runs, in
@@ -881,6 +882,7 @@ def install() -> None:
                 _BUILTIN.add(_qualified(op))
         elif _qualified(op)[len("aten::"):] not in HAND_WRITTEN:
             _register_functional(op)
+    _register_composite_draws()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in mutable:  # after the functional kernels: the siblings they call
         factory = _host_factory(op)
@@ -915,7 +917,43 @@ def install() -> None:
     # builtin call and ~4 a composite call of Python, kernel_fronts.h)
     _C.front_builtin_kernels(sorted(_BUILTIN))
     _C.front_composite_kernels(sorted(_COMPOSITE))
+    # Every random op's Lazy kernel so far now records its draws: unused
+    # draws run too, as in eager, and a recompute replays them (dead_draws.h).
+    # The in-place draws registered after it call one of those kernels, so
+    # each draw is recorded once.
+    _C.install_dead_draws()
+    for op in mutable_draws:
+        _register_mutable_draw(op)
     cover_custom_ops()
+
+
+def _register_composite_draws() -> None:
+    """A sampling op whose Lazy entry is aten's composite kernel
+    (``exponential``, ``cauchy``, ``bernoulli.Tensor``, ``randperm.generator``)
+    calls its in-place variant on a clone, which LTC runs eagerly: it drew
+    at once, ahead of the traced draws before it. Traced as a node instead
+    (``rrelu_with_noise_functional``: RReLU's noise, drawn in training)."""
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not (qualified.startswith("aten::") and _runs_composite_on_lazy(qualified)):
+            continue
+        op = _resolve(qualified)
+        # a factory (randperm) has no lazy tensor for its node: it stays eager
+        if (op is not None and _draws(op) and _is_functional_tensor_op(op) and op._schema.name in compilable.RANDOM_OPS
+                and any(isinstance(a.type, torch.TensorType) for a in op._schema.arguments)):
+            _LIB.impl(qualified[len("aten::"):], _sampling_kernel(op), "Lazy")
+            _BUILTIN.add(qualified)
+
+
+def _register_mutable_draw(op) -> None:
+    """An in-place or out= draw (``exponential_``, ``bernoulli_.Tensor``,
+    ``multinomial.out``, RReLU's noise) traced as its functional
+    sampling sibling written into its target, when that sibling is a traced
+    draw; else it stays on the eager path."""
+    sibling = _functional_sibling(op)
+    if sibling is None or sibling._schema.name not in compilable.RANDOM_OPS:
+        return
+    _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
+    _MUTABLE.add(_qualified(op))
 
 
 def _custom_op_defs() -> list:
