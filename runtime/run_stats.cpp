@@ -25,6 +25,7 @@ std::map<std::string, int64_t> RunStats::snapshot() const {
       {"step_memory_evicted", step_memory_evicted.load()},
       {"step_memory_planned", step_memory_planned.load()},
       {"dead_draws_kept", dead_draws_kept.load()},
+      {"draws_after_host_use", draws_after_host_use.load()},
   };
 }
 
@@ -33,7 +34,7 @@ void RunStats::reset() {
                   &execute_ns, &group_calls, &group_ns, &native_calls, &native_ns, &rebinds, &group_outputs, &group_output_bytes,
                   &outputs_in_place, &in_place_bytes, &donor_copies, &donor_copy_bytes,
                   &device_data_recycled, &step_memory_hits, &step_memory_misses, &step_memory_evicted, &step_memory_planned,
-                  &dead_draws_kept}) {
+                  &dead_draws_kept, &draws_after_host_use}) {
     c->store(0);
   }
 }

@@ -40,6 +40,8 @@ struct RunStats {
   std::atomic<int64_t> step_memory_planned{0};
   // Random ops nothing used, run as eager would (dead_draws.h).
   std::atomic<int64_t> dead_draws_kept{0};
+  // Graphs that drew after the host used the CPU generator mid-step (host_generator.h).
+  std::atomic<int64_t> draws_after_host_use{0};
 
   static RunStats& get();
   std::map<std::string, int64_t> snapshot() const;

@@ -6,6 +6,8 @@ from its outputs, which visits an add's second operand first: without
 draw_order.h, the two dropouts below would swap masks (same distribution,
 silently other numbers than eager's).
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,6 +148,49 @@ def test_in_place_draws_trace_in_eagers_order(lazy_level):
     for got, want in zip(lazy, eager):  # float64: other numbers would differ by far more
         torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
+
+
+def reseeded_mid_step(device, host_draw_at):
+    """Two dropouts; the host's generator used ``before`` the first, ``between``
+    them (a reseed, a host draw) or ``after`` mark_step."""
+    torch.manual_seed(0)
+    x = torch.ones(32, dtype=torch.float64).to(device)
+    if host_draw_at == "before":
+        torch.randint(0, 9, (4,))
+    first = F.dropout(x, 0.5)
+    if host_draw_at == "between":
+        torch.manual_seed(1)
+        torch.rand(3)
+    second = F.dropout(x * 2, 0.5)
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    if host_draw_at == "after":
+        torch.rand(3)
+    return first.cpu(), second.cpu()
+
+
+@pytest.mark.parametrize("host_draw_at", ["before", "between", "after"])
+def test_a_host_use_of_the_generator_mid_step_is_reported(lazy_level, host_draw_at):
+    """Lazy draws take their numbers when the step runs. A reseed or a host
+    draw between two of them gives the step other numbers than eager's
+    (silently, before host_generator.h): it is counted and warned about.
+    Host draws before the step's first draw or after mark_step are eager's
+    order, and say nothing."""
+    eager = reseeded_mid_step(CPU, host_draw_at)
+    metrics.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lazy = reseeded_mid_step(LAZY, host_draw_at)
+    s = metrics.snapshot()
+    warned = [w for w in caught if "the host used after the step's first draw" in str(w.message)]
+    matches = all(torch.equal(a, b) for a, b in zip(lazy, eager))
+    if host_draw_at == "between":
+        assert not matches  # what the report is about
+        assert s["draws_after_host_use"] == 1 and len(warned) == 1, [str(w.message) for w in caught]
+        assert warned[0].filename == __file__
+    else:
+        assert matches
+        assert s["draws_after_host_use"] == 0 and not warned, [str(w.message) for w in caught]
 
 
 def test_a_sampling_op_with_its_own_generator_draws_at_once(lazy_level):

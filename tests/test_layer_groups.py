@@ -192,20 +192,22 @@ def test_hf_layerdrop_compiles_its_layers_once(lazy_level):
 @pytest.mark.parametrize("dropout", [0.1, 0.0])
 def test_layerdrop_with_dropout_warns_that_masks_differ_from_eager(lazy_level, dropout):
     """LayerDrop's host draws fall between eager's dropout masks; the lazy
-    step draws them after: the first lazy forward says so, and only when
-    the model has dropout."""
+    step draws the masks after them, when it runs. The step's execution
+    says so (host_generator.h), naming the user's mark_step, and only when
+    the model has dropout (no lazy draw, nothing to differ)."""
     from transformers import M2M100ForConditionalGeneration
     torch.manual_seed(0)
     model = M2M100ForConditionalGeneration(_m2m100_config(dropout=dropout)).to(LAZY)
     ids = torch.randint(3, 64, (2, 8)).to(LAZY)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model(input_ids=ids, labels=ids)  # the first forward marks the layers; nothing executes
-    differ = [w for w in caught if "differ from eager's" in str(w.message)]
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch._lazy.mark_step()
+    differ = [w for w in caught if "differ from eager PyTorch's" in str(w.message)]
+    assert metrics.snapshot()["draws_after_host_use"] == (1 if dropout else 0), metrics.report()
     assert len(differ) == (1 if dropout else 0), [str(w.message) for w in caught]
     if dropout:
-        assert "M2M100ForConditionalGeneration" in str(differ[0].message)
-        assert differ[0].filename == __file__  # the user's forward call, not lazy_mlir's hook
+        assert differ[0].filename == __file__  # the user's mark_step, not lazy_mlir's hook
 
 
 def test_a_deep_model_left_whole_hints_at_layer_groups_once(lazy_level, capfd, monkeypatch):

@@ -10,6 +10,7 @@
 #include "ltc_fixes/dead_draws.h"
 #include "memory/device_data_pool.h"
 #include "ltc_fixes/draw_order.h"
+#include "ltc_fixes/host_generator.h"
 #include "ltc_fixes/dropout_masks.h"
 #include "core/graph_clusterer.h"
 #include "core/group_binder.h"
@@ -41,8 +42,10 @@ NodeClass classifyInPython(torch::jit::Node* node) {
 bool reportExecution(bool draws) {
   const auto& hook = PythonHooks::get().on_execute;
   if (!hook.defined()) return false;
+  const bool host_draws = draws && hostGeneratorMoved();
+  if (host_draws) RunStats::get().draws_after_host_use++;
   pybind11::gil_scoped_acquire gil;
-  const pybind11::object marking = hook.get()(draws && !syncingLiveTensorsForRead());
+  const pybind11::object marking = hook.get()(draws && !syncingLiveTensorsForRead(), host_draws);
   return marking.is(pybind11::bool_(true));
 }
 
@@ -205,7 +208,10 @@ std::vector<torch::lazy::BackendDataPtr> LazyMlirBackend::ExecuteComputation(
   auto compiled = std::dynamic_pointer_cast<CompiledComputation>(computation);
   const bool draws = compiled && compiled->drawsRandom();
   const bool marking = reportExecution(draws);
-  if (draws) forgetDraws();  // what it drew is drawn; a live sync took its dead draws already
+  if (draws) {
+    forgetDraws();  // what it drew is drawn; a live sync took its dead draws already
+    forgetHostGenerator();
+  }
   const int64_t start = nowNs();
   DeadBuffers dead;
   if (compiled) {

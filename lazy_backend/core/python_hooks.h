@@ -11,7 +11,7 @@ namespace lazy_mlir {
 struct PythonHooks {
   PythonCallable classify;       // (torch._C.Node) -> int (NodeClass)
   PythonCallable compile_group;  // (torch._C.Graph, str name) -> executable | None
-  PythonCallable on_execute;     // () -> bool: before every graph execution; True under mark_step
+  PythonCallable on_execute;     // (draws, host_draws) -> bool: before every graph execution; True under mark_step
 
   static PythonHooks& get();
 };

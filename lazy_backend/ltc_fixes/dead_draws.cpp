@@ -2,6 +2,7 @@
 
 #include "ltc_fixes/draw_order.h"
 #include "ltc_fixes/draw_stream.h"
+#include "ltc_fixes/host_generator.h"
 #include "runtime/run_stats.h"
 #include "kernels/silent_warnings.h"
 
@@ -39,7 +40,8 @@ class DrawRecorder final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     kernel_.callBoxed(op, keys, stack);
     const size_t first_output = stack->size() - op.schema().returns().size();
-    if (streamDraw(op, stack, first_output)) return;
+    if (streamDraw(op, stack, first_output)) return;  // a replay takes the values drawn before
+    noteDrawTraced();
     for (size_t i = first_output; i < stack->size(); ++i) remember((*stack)[i]);
   }
 

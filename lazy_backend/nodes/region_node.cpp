@@ -1,6 +1,7 @@
 #include "nodes/region_node.h"
 
 #include "ltc_fixes/draw_order.h"
+#include "ltc_fixes/host_generator.h"
 #include "ltc_fixes/dropout_masks.h"
 #include "capture/leaf_grads.h"
 
@@ -179,7 +180,9 @@ TracedNode traceNode(const std::shared_ptr<Region>& region, std::vector<torch::l
   TORCH_CHECK(operands.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
               region->num_inputs, " inputs, got ", operands.size());
   TORCH_CHECK(device, "lazy_mlir: region ", region->name, " called without inputs");
-  return {torch::lazy::MakeNode<RegionNode>(region, operands), *device, functional};
+  auto node = torch::lazy::MakeNode<RegionNode>(region, operands);
+  if (std::static_pointer_cast<RegionNode>(node)->drawsRandom()) noteDrawTraced();
+  return {std::move(node), *device, functional};
 }
 
 // Outputs [begin, end) of `node` as aten lazy tensors, functionalized if

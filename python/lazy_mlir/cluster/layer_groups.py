@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import itertools
 import sys
-import warnings
 import weakref
 
 import torch
 
 from .. import config
 from ..native import _C
-from ..observe import syncs
 
 _marked: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _block_of: dict[int, tuple[weakref.ref, int]] = {}  # id(parameter) -> (the parameter, its marked block's number)
@@ -43,8 +41,6 @@ def attach(model: torch.nn.Module) -> int:
     global _deep_unmarked
     choice = config.current.layer_groups
     skips = skips_layers(model)
-    if skips:
-        _warn_if_masks_differ_from_eager(model)
     if choice == "off" or (choice == "auto" and not skips):
         if choice == "auto":  # "off" was asked for: no hint
             _deep_unmarked = max([_deep_unmarked, *(len(layers) for layers in repeated_layers(model))])
@@ -84,27 +80,6 @@ def print_compile_hint() -> None:
     print(f"lazy_mlir: the step compiles its {_deep_unmarked} repeated layers as one; layer_groups='on' "
           "(LAZY_MLIR_LAYER_GROUPS=1) compiles one layer's code for them all: at 12 layers a 4-7x shorter "
           "cold compile for a 3-5% slower step (docs/user-guide.md, \"A fusion group per layer\")", file=sys.stderr, flush=True)
-
-
-def _warn_if_masks_differ_from_eager(model: torch.nn.Module) -> None:
-    """LayerDrop decides on the host (torch.rand([]) on the CPU generator),
-    between eager's dropout masks; the lazy step draws its masks on that
-    generator when it runs, after every decision of the step: as random,
-    but other masks than eager's. On a GPU the masks come from the CUDA
-    generator: nothing to compare there."""
-    if config.current.device != "cpu" or not _has_dropout(model):
-        return
-    warnings.warn(f"lazy_mlir: {type(model).__name__} skips layers at random (LayerDrop) on the host's generator "
-                  "and has dropout: its dropout masks are drawn after the step's skip decisions, not between "
-                  "them as in eager PyTorch, so they differ from eager's (equally random). To compare against "
-                  "eager, set the layerdrop or the dropout to 0.", stacklevel=syncs.user_stacklevel())
-
-
-def _has_dropout(model: torch.nn.Module) -> bool:
-    """A dropout module with p > 0, or a Hugging Face config's ``*dropout*``
-    above 0 (its layers call nn.functional.dropout with it)."""
-    return (any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
-            or _config_above_zero(model, lambda name: "dropout" in name))
 
 
 def pieces(params: list[torch.Tensor]) -> list[list[int]]:

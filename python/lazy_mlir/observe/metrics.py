@@ -356,6 +356,8 @@ def snapshot() -> dict:
         "donor_copy_bytes": stats["donor_copy_bytes"],
         # random ops whose results nothing read, run at the sync as eager runs them (dead_draws.h)
         "dead_draws_kept": stats["dead_draws_kept"],
+        # graphs that drew after the host used the CPU generator mid-step: not eager's numbers (host_generator.h)
+        "draws_after_host_use": stats["draws_after_host_use"],
         "stage_runs": stage_runs,
         "recompiles": recompiles,
         "seconds": {
@@ -471,6 +473,9 @@ def report() -> str:
         lines.extend(_memory_budget_lines(s["memory_budget"]))
     if s["dead_draws_kept"]:
         lines.append(f"  unused draws         {s['dead_draws_kept']} random ops nothing read, run as eager runs them")
+    if s["draws_after_host_use"]:
+        lines.append(f"  draws after host use {s['draws_after_host_use']} graphs drew after the host used the CPU "
+                     "generator mid-step: not eager's numbers")
     if s["cuda_graphs_captured"] or s["cuda_graph_refusals"]:
         lines.append(f"  CUDA graphs          {s['cuda_graphs_captured']} captured, "
                      f"{s['cuda_graph_replays']} replays")

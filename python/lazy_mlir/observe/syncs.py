@@ -181,12 +181,14 @@ _warned: set[str] = set()
 execution = 0  # serial number of the graph execution running now (or last), never reset
 
 
-def on_execute(draws: bool = False) -> bool:
+def on_execute(draws: bool = False, host_draws: bool = False) -> bool:
     """Before a graph execution. From mark_step: nothing to say. From any other
     Python code: a value was read mid-step (or an op fell back to the CPU,
     which reads its inputs).
     ``draws``: the graph runs random ops (dropout's bernoulli...): read
     mid-step, they warn (see ``_warn_redraw``).
+    ``host_draws``: it draws after the host used the CPU generator mid-step
+    (see ``_warn_host_draws``).
     Returns True under mark_step: its sync takes every pending graph, which
     buffer donation relies on (lazy_backend/memory/buffer_donation.h)."""
     global execution
@@ -202,6 +204,8 @@ def on_execute(draws: bool = False) -> bool:
         source = f"{_planned[-1]}, at {source}"
     if config.current.level == "O2":
         _check_ltc_fallbacks(source)
+    if host_draws:
+        _warn_host_draws()
     if marking:
         for callback in _at_mark_step:
             callback()
@@ -218,6 +222,23 @@ def on_execute(draws: bool = False) -> bool:
 
 
 _warned_redraw: set[str] = set()
+_warned_host_draws: set[str] = set()
+
+
+def _warn_host_draws() -> None:
+    """The step's draws run after the host used the CPU generator
+    (lazy_backend/ltc_fixes/host_generator.h). Once per source line (of the
+    mark_step or the read that runs them)."""
+    source = user_source()
+    if source in _warned_host_draws:
+        return
+    _warned_host_draws.add(source)
+    _warn_in_execution(f"lazy_mlir: the graph run at {source} draws random numbers (dropout...) on the CPU "
+                       "generator, which the host used after the step's first draw was traced (torch.rand, randint "
+                       "or randperm on the host, an op run eagerly that draws, torch.manual_seed or set_rng_state "
+                       "mid-step). The lazy draws take their numbers when the graph runs, so the step's draws "
+                       "differ from eager PyTorch's (equally random). To match eager, draw on the host before the "
+                       "step's first draw or after mark_step(); metrics: draws_after_host_use", stacklevel=user_stacklevel())
 
 
 def _warn_redraw(source: str) -> None:
