@@ -118,8 +118,8 @@ def test_sampling_ops_draw_in_the_step_in_eagers_order(lazy_level):
 
 def in_place_draws(device):
     """In-place draws (Gumbel-softmax's exponential_, timm-style masks by
-    bernoulli_ with tensor probabilities, RReLU's noise) among traced draws,
-    one unused, and RReLU's gradient (its noise)."""
+    bernoulli_ with tensor probabilities, RReLU's noise) and randperm (a
+    factory) among traced draws, one unused, and RReLU's gradient (its noise)."""
     torch.manual_seed(11)
     x = torch.linspace(-2, 2, 24, dtype=torch.float64).reshape(4, 6).to(device).requires_grad_()
     drawn = [F.dropout(x, 0.5), torch.empty_like(x).exponential_(), F.gumbel_softmax(x, tau=0.5),
@@ -128,7 +128,8 @@ def in_place_draws(device):
     del unused  # draws all the same, as eagerly
     rrelu = F.rrelu(x, training=True)
     drawn += [torch.empty_like(x).bernoulli_(torch.full_like(x, 0.3)), torch.empty_like(x).log_normal_(0.5, 0.2),
-              rrelu, torch.rand_like(x)]
+              rrelu, torch.rand_like(x), x.flatten()[torch.randperm(24, device=x.device)],
+              torch.randperm(7, dtype=torch.float64, device=device)]
     (grad,) = torch.autograd.grad(rrelu.sum(), x)
     drawn.append(grad)
     if device.type == "lazy":
@@ -138,9 +139,10 @@ def in_place_draws(device):
 
 def test_in_place_draws_trace_in_eagers_order(lazy_level):
     """exponential_, cauchy_, geometric_, log_normal_, bernoulli_ with a
-    tensor and RReLU's noise ran eagerly (LTC's fallback): drawn at once,
-    ahead of the traced draws before them, they took other numbers than
-    eager's. Each is now its functional sampling op, traced in order."""
+    tensor, RReLU's noise and randperm ran eagerly (LTC's fallback): drawn
+    at once, ahead of the traced draws before them, they took other numbers
+    than eager's. Each is now a sampling op traced in order (in-place ones
+    as their functional sibling)."""
     eager = in_place_draws(CPU)
     metrics.reset()
     lazy = in_place_draws(LAZY)
@@ -191,6 +193,25 @@ def test_a_host_use_of_the_generator_mid_step_is_reported(lazy_level, host_draw_
     else:
         assert matches
         assert s["draws_after_host_use"] == 0 and not warned, [str(w.message) for w in caught]
+
+
+def test_a_failed_steps_draws_leave_the_next_step_quiet(lazy_level):
+    """A step that fails (O2: its dropout cannot compile) never ran its draws:
+    the next step compares the generator with its own first draw's state,
+    not the failed step's (a reseed between the two steps is no mid-step use)."""
+    lazy_mlir.init("O2")
+    x = torch.ones(8).to(LAZY)
+    failed = F.dropout(x, 0.5).sum()
+    with pytest.raises(RuntimeError, match="cannot be compiled"):
+        torch._lazy.mark_step()
+    del failed
+    lazy_mlir.init("O1")
+    metrics.reset()
+    torch.manual_seed(0)
+    out = F.dropout(x * 2, 0.5)
+    torch._lazy.mark_step()
+    assert torch.isfinite(out.cpu()).all()
+    assert metrics.snapshot()["draws_after_host_use"] == 0, metrics.report()
 
 
 def test_a_sampling_op_with_its_own_generator_draws_at_once(lazy_level):

@@ -257,10 +257,8 @@ def test_every_op_on_the_eager_path_says_why(lazy_level):
         {q: why for q, why in uncovered.items() if why == "other"}
     assert not {"aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::_ctc_loss.Tensor"} & set(uncovered)
     assert uncovered["aten::unique_dim"].startswith("its sizes come from its inputs' values")
-    assert uncovered["aten::randperm.generator_out"].startswith("random")
-    in_place_draws = {"aten::cauchy_", "aten::exponential_", "aten::bernoulli_.Tensor", "aten::rrelu_with_noise_",
-                      "aten::multinomial.out", "aten::poisson"}
-    assert not in_place_draws & set(uncovered), in_place_draws & set(uncovered)
+    draws = {q for q, why in uncovered.items() if why.startswith("random")}
+    assert draws == {"aten::_fused_dropout", "aten::_fill_mem_eff_dropout_mask_"}, draws  # CUDA's kernels
     assert not {"aten::linspace.out", "aten::logspace.out", "aten::range.out"} & set(uncovered)
     assert uncovered["aten::_scaled_dot_product_flash_attention_for_cpu"].startswith("another backend's own kernel")
 

@@ -2,6 +2,7 @@
 
 #include "core/layer_regions.h"
 #include "ltc_fixes/dead_draws.h"
+#include "ltc_fixes/host_generator.h"
 #include "ltc_fixes/draw_stream.h"
 #include "ltc_fixes/pending_data.h"
 #include "memory/device_data_pool.h"
@@ -90,6 +91,7 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
       while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
       const size_t line = what.rfind('\n');
       lastFailure() = what.empty() ? "an error" : what.substr(line == std::string::npos ? 0 : line + 1);
+      forgetHostGenerator();  // the failed step's draws never ran; the next step notes its own
       throw;
     }
     drawsSettled();
@@ -98,6 +100,7 @@ class BackendGraphExecutor : public torch::lazy::LazyGraphExecutor {
   void MarkStep(const torch::lazy::BackendDevice& device) override {
     torch::lazy::LazyGraphExecutor::MarkStep(device);
     newDrawStream();
+    forgetHostGenerator();  // a draw traced and never run (its tensors dropped) says nothing of the next step
     clearLayerBoundaries();
     devicePoolStepBoundary();
     stepMemoryStepEnded();

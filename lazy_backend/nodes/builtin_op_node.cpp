@@ -3,6 +3,8 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/lazy/backend/backend_device.h>
+#include <torch/csrc/lazy/backend/backend_interface.h>
 #include <torch/csrc/lazy/core/ir_builder.h>
 #include <torch/csrc/lazy/core/tensor.h>
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
@@ -116,6 +118,14 @@ at::Tensor unwrapped(const at::Tensor& tensor) {
   return at::functionalization::impl::from_functional_tensor(tensor);
 }
 
+// A lazy device argument names the device behind it: the TorchScript graph
+// runs there (a factory made on the lazy device inside it would be lazy).
+c10::IValue onBackingDevice(const c10::IValue& value, const torch::lazy::BackendDevice& device) {
+  if (!value.isDevice() || value.toDevice().type() != c10::kLazy) return value;
+  const c10::DeviceType backing = torch::lazy::getBackend()->EagerFallbackDeviceType();
+  return c10::Device(backing, backing == c10::kCPU ? -1 : static_cast<c10::DeviceIndex>(device.ordinal()));
+}
+
 // Tensor[] or Tensor?[]: its tensors are the node's operands.
 bool isTensorList(const c10::Argument& formal) {
   return formal.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) ||
@@ -152,7 +162,13 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
     }
     if (device) break;
   }
-  TORCH_CHECK(device, "lazy_mlir: ", qualified_name, " called without a lazy tensor argument");
+  // A factory (randperm) has no tensor argument: its device argument says which.
+  for (size_t i = 0; i < args.size() && !device; ++i) {
+    if (args[i].isDevice() && args[i].toDevice().type() == c10::kLazy) {
+      device = torch::lazy::atenDeviceToBackendDevice(args[i].toDevice());
+    }
+  }
+  TORCH_CHECK(device, "lazy_mlir: ", qualified_name, " called without a lazy tensor or device argument");
 
   std::vector<torch::lazy::Value> operand_values;
   std::vector<BuiltinOpNode::Argument> arguments;
@@ -180,7 +196,7 @@ std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
       }
       hash = torch::lazy::HashCombine(hash, torch::lazy::Hash(formal.name() + "=[" + pattern + "]"));
     } else {
-      a.constant = value;
+      a.constant = onBackingDevice(value, *device);
       hash = hashConstantArgument(hash, formal.name(), a.constant);
     }
     arguments.push_back(std::move(a));

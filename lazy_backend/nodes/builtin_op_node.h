@@ -88,7 +88,8 @@ std::vector<at::Tensor> traceBuiltin(const std::string& qualified_name, const st
 // The BuiltinOpNode of `schema`'s op on `args`, one per schema argument as a
 // boxed call carries them (tensors, tensor lists, constants), with its
 // outputs' `shapes` (`list_sizes` as for BuiltinOpNode), and the device of
-// its first lazy tensor argument. traceBuiltin and BuiltinFront
+// its first lazy tensor argument (a factory's: of its lazy device argument,
+// which the node holds as the backing device). traceBuiltin and BuiltinFront
 // (kernel_fronts.h) both build through it: equal calls, equal hashes.
 std::pair<torch::lazy::NodePtr, torch::lazy::BackendDevice> buildBuiltinNode(
     const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, std::vector<torch::lazy::Shape>&& shapes,

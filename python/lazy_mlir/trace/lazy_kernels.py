@@ -263,11 +263,11 @@ def _sibling_targets(op: torch._ops.OpOverload, candidate: torch._ops.OpOverload
     return targets if len(cs.returns) == len(targets) else None
 
 
-def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+def _functional_sibling(op: torch._ops.OpOverload, composite_ok: bool = False) -> torch._ops.OpOverload | None:
     """The overload that computes what mutable ``op`` writes: ``where.self``
     for ``where.self_out``, ``sin`` for ``sin_``, ``eye.m`` for ``eye.m_out``,
     ``_native_batch_norm_legit_functional`` for ``_native_batch_norm_legit``
-    (see ``_sibling_targets``)."""
+    (see ``_sibling_targets``, and it for ``composite_ok``)."""
     base = op._schema.name[len("aten::"):]
     if base.startswith("__i") and base.endswith("__"):  # Python's in-place operators: __ilshift__ -> __lshift__
         names = ["__" + base[3:]]
@@ -278,7 +278,7 @@ def _functional_sibling(op: torch._ops.OpOverload) -> torch._ops.OpOverload | No
         packet = getattr(aten, name, None)
         for overload in (packet.overloads() if packet is not None else ()):
             candidate = getattr(packet, overload)
-            if _sibling_targets(op, candidate) is not None:
+            if _sibling_targets(op, candidate, composite_ok) is not None:
                 return candidate
     return None
 
@@ -409,8 +409,7 @@ _WHY = (
      "another backend's own kernel (CUDA, MPS, the CPU's flash attention): the lazy device takes the op's traced path"),
     (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized or nested tensors, which the lazy device has not"),
     (lambda q, op: torch.Tag.nondeterministic_seeded in op.tags,
-     "random, with no traced sampling op (randperm, a factory; other devices' dropout kernels): drawn eagerly, "
-     "at once"),
+     "random, another device's kernel (CUDA's dropout): drawn eagerly, at once"),
     (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
      "a view: functionalization hands the lazy device its *_copy op instead"),
     (lambda q, op: op._schema.is_mutable, "mutates its arguments, with no functional sibling to trace"),
@@ -468,6 +467,8 @@ def _schema_arguments(op, args, kwargs) -> list:
 def _to_meta(x):
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, torch.device) and x.type == "lazy":  # a factory's device argument
+        return torch.device("meta")
     return x
 
 
@@ -641,7 +642,11 @@ def eager_fallback(op, args, kwargs):
     # Inputs that depend on random draws: sync the whole step first, or what
     # else depends on the draws (masks saved for backward) draws again later.
     _C.sync_live_tensors_before_read(lazy_inputs)
-    to_cpu = lambda x: x.cpu() if isinstance(x, torch.Tensor) else x  # noqa: E731
+    def to_cpu(x):  # a factory's lazy device argument too: else it calls this kernel back
+        if isinstance(x, torch.Tensor):
+            return x.cpu()
+        return torch.device("cpu") if isinstance(x, torch.device) and x.type == "lazy" else x
+
     out = op(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, out)
 
@@ -882,7 +887,7 @@ def install() -> None:
                 _BUILTIN.add(_qualified(op))
         elif _qualified(op)[len("aten::"):] not in HAND_WRITTEN:
             _register_functional(op)
-    _register_composite_draws()
+    draw_siblings = _draw_siblings(mutable_draws)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in mutable:  # after the functional kernels: the siblings they call
         factory = _host_factory(op)
@@ -922,38 +927,32 @@ def install() -> None:
     # The in-place draws registered after it call one of those kernels, so
     # each draw is recorded once.
     _C.install_dead_draws()
-    for op in mutable_draws:
-        _register_mutable_draw(op)
+    for op, sibling in draw_siblings:  # each traces its sibling, written into its target
+        _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
+        _MUTABLE.add(_qualified(op))
     cover_custom_ops()
 
 
-def _register_composite_draws() -> None:
-    """A sampling op whose Lazy entry is aten's composite kernel
-    (``exponential``, ``cauchy``, ``bernoulli.Tensor``, ``randperm.generator``)
-    calls its in-place variant on a clone, which LTC runs eagerly: it drew
-    at once, ahead of the traced draws before it. Traced as a node instead
-    (``rrelu_with_noise_functional``: RReLU's noise, drawn in training)."""
-    for qualified in torch._C._dispatch_get_all_op_names():
-        if not (qualified.startswith("aten::") and _runs_composite_on_lazy(qualified)):
+def _draw_siblings(mutable_draws: list) -> list[tuple]:
+    """(in-place or out= draw, its functional sampling sibling) for each draw
+    that takes LTC's eager fallback (``exponential_``, ``bernoulli_.Tensor``,
+    ``randperm.generator_out``, RReLU's noise), where the sibling is a traced
+    draw. A sibling whose Lazy entry is aten's composite kernel calls that
+    draw on a clone (a factory: on an out= tensor), which ran eagerly: drawn
+    at once, ahead of the traced draws before it. It is traced as a node
+    instead (a factory's node takes its device argument's device,
+    builtin_op_node.h)."""
+    pairs = []
+    for op in mutable_draws:
+        sibling = _functional_sibling(op, composite_ok=True)
+        if sibling is None or sibling._schema.name not in compilable.RANDOM_OPS:
             continue
-        op = _resolve(qualified)
-        # a factory (randperm) has no lazy tensor for its node: it stays eager
-        if (op is not None and _draws(op) and _is_functional_tensor_op(op) and op._schema.name in compilable.RANDOM_OPS
-                and any(isinstance(a.type, torch.TensorType) for a in op._schema.arguments)):
-            _LIB.impl(qualified[len("aten::"):], _sampling_kernel(op), "Lazy")
+        qualified = _qualified(sibling)
+        if _runs_composite_on_lazy(qualified) and qualified not in _BUILTIN:
+            _LIB.impl(qualified[len("aten::"):], _sampling_kernel(sibling), "Lazy")
             _BUILTIN.add(qualified)
-
-
-def _register_mutable_draw(op) -> None:
-    """An in-place or out= draw (``exponential_``, ``bernoulli_.Tensor``,
-    ``multinomial.out``, RReLU's noise) traced as its functional
-    sampling sibling written into its target, when that sibling is a traced
-    draw; else it stays on the eager path."""
-    sibling = _functional_sibling(op)
-    if sibling is None or sibling._schema.name not in compilable.RANDOM_OPS:
-        return
-    _LIB.impl(_qualified(op)[len("aten::"):], _mutable_kernel(op, sibling), "Lazy")
-    _MUTABLE.add(_qualified(op))
+        pairs.append((op, sibling))
+    return pairs
 
 
 def _custom_op_defs() -> list:
