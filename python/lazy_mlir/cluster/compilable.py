@@ -38,7 +38,14 @@ UNGENERATED = {"aten::_grouped_mm"}
 # every size: trace/data_dependent.py): aten's kernel runs in the glue.
 UNGENERATED |= {"aten::nonzero", "lazy_mlir::nonzero_contiguous", "aten::repeat_interleave", "aten::bincount",
                 "aten::_unique2", "aten::unique_consecutive",
-                "aten::_ctc_loss", "aten::_ctc_loss_backward", "lazy_mlir::ctc_loss_padded_alpha"}
+                "aten::_ctc_loss", "aten::_ctc_loss_backward", "lazy_mlir::ctc_loss_padded_alpha",
+                # no Meta kernel (lazy_kernels._SHAPE_FUNCTIONS gives their nodes' sizes)
+                "aten::_standard_gamma_grad", "aten::_dirichlet_grad", "aten::multi_margin_loss_backward",
+                "aten::multilabel_margin_loss_backward", "aten::_histogramdd_from_bin_cts",
+                "aten::_histogramdd_from_bin_tensors", "aten::histogram", "aten::_histogramdd_bin_edges",
+                # torch's decomposition of it is wrong (lazy_kernels decomposes it itself; traced as a
+                # node only when that fails): never Inductor's
+                "aten::multilabel_margin_loss_forward"}
 DENIED = HOST_SYNCS | RANDOM_OPS | UNGENERATED
 # aten, and our own ops (lazy_mlir.zero's collectives markers, lowered by MLIR passes).
 COMPILED_NAMESPACES = ("aten::", "lazy_mlir::")

@@ -154,8 +154,17 @@ def _amp_unscale(self, found_inf, inv_scale):
     return grads, found
 
 
+def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    """histogramdd's edges: a node with one output per dimension (bins + 1
+    each), aten's kernel in the glue (no Meta kernel: compilable.UNGENERATED)."""
+    outputs = [(self.dtype, [b + 1]) for b in bins]
+    return _C.trace_builtin("aten::_histogramdd_bin_edges", "default", [self, list(bins), range, weight, density],
+                            outputs, [len(bins)])
+
+
 HAND_WRITTEN = {
     "_amp_foreach_non_finite_check_and_unscale": _amp_unscale,
+    "_histogramdd_bin_edges": _histogramdd_bin_edges,
     "_ctc_loss.Tensor": data_dependent.ctc_loss,
     "masked_select": data_dependent.masked_select,
     "repeat_interleave.Tensor": data_dependent.repeat_interleave,
@@ -402,12 +411,14 @@ def mutable_ops() -> list[str]:
 # Why an op takes the eager path, by what it is (uncovered_ops); the first that holds.
 _OTHER_DEVICES = re.compile(r"cudnn|miopen|mps|flash_attention|efficient_attention|_triton|cslt|_fused_sdp_choice")
 _OTHER_LAYOUTS = re.compile(r"^aten::(_indices|_values|_nnz|_dim[IV]|q_|qscheme|quantize|dequantize|_nested|_sparse|"
-                            r"_validate_compressed)")
+                            r"_validate_compressed|_?to_sparse|sparse_|hspmm|_spsolve|_spdiags|_coalesce|_?to_dense|"
+                            r"_?mkldnn|to_mkldnn|int_repr|_make_per|_?empty_\w*quantized|_?fake_quantize|"
+                            r"to_padded_tensor|_padded_dense_to_jagged)")
 _WHY = (
     (lambda q, op: op is None, "Python cannot name it"),
     (lambda q, op: _OTHER_DEVICES.search(q),
      "another backend's own kernel (CUDA, MPS, the CPU's flash attention): the lazy device takes the op's traced path"),
-    (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized or nested tensors, which the lazy device has not"),
+    (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized, nested or MKLDNN tensors, which the lazy device has not"),
     (lambda q, op: torch.Tag.nondeterministic_seeded in op.tags,
      "random, another device's kernel (CUDA's dropout): drawn eagerly, at once"),
     (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
@@ -419,12 +430,24 @@ _WHY = (
      "its sizes come from its inputs' values, with no rule to read them (trace/data_dependent.py)"),
     (lambda q, op: any(isinstance(r.type, torch.ListType) for r in op._schema.returns),
      "returns a tensor list (traced only where hand-written: split, unbind)"),
+    (lambda q, op: _without_shapes(q), "no shape function for its node (no Meta kernel): each call runs eagerly"),
 )
 
 
 def _why_uncovered(qualified: str) -> str:
     op = _resolve(qualified)
     return next((why for holds, why in _WHY if holds(qualified, op)), "other")
+
+
+def _without_shapes(qualified: str) -> bool:
+    """A traced op (a builtin node) whose output sizes nothing computes: no
+    Meta kernel, no composite one, no shape function here. Each call
+    takes the eager path (``multi_margin_loss_backward`` had none)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return (qualified in _BUILTIN and qualified not in _SHAPE_FUNCTIONS and qualified not in data_dependent.TRACED
+            and not any(has(qualified, key) for key in ("Meta", "CompositeExplicitAutograd",
+                                                         "CompositeExplicitAutogradNonFunctional",
+                                                         "CompositeImplicitAutograd")))
 
 
 def _data_dependent_falling_back(qualified: str) -> bool:
@@ -445,7 +468,7 @@ def uncovered_ops() -> dict[str, str]:
                            "kernels, the list would be the stock lazy backend's (~1,300 ops)")
     return {q: _why_uncovered(q) for q in sorted(torch._C._dispatch_get_all_op_names())
             if q.startswith("aten::") and (_falls_back_on_lazy(q) or q in _UNMATCHED
-                                           or _data_dependent_falling_back(q))}
+                                           or _data_dependent_falling_back(q) or _without_shapes(q))}
 
 
 # ---------------------------------------------------------- builtin tracing
@@ -504,6 +527,17 @@ _SHAPE_FUNCTIONS = {
     # draws of their input's shape, with no Meta kernel
     "aten::binomial": lambda count, prob, generator=None: torch.empty_like(count),
     "aten::_sample_dirichlet": lambda self, generator=None: torch.empty_like(self),
+    # gradients of their input's shape: Gamma's, Beta's and Dirichlet's rsample, the margin losses
+    "aten::_standard_gamma_grad": lambda self, output: torch.empty_like(self),
+    "aten::_dirichlet_grad": lambda x, alpha, total: torch.empty_like(x),
+    "aten::multi_margin_loss_backward": lambda grad_output, self, *args: torch.empty_like(self),
+    "aten::multilabel_margin_loss_backward": lambda grad_output, self, *args: torch.empty_like(self),
+    # histograms: their sizes are the bin counts asked for
+    "aten::_histogramdd_from_bin_cts": lambda self, bins, **kwargs: self.new_empty(bins),
+    "aten::_histogramdd_from_bin_tensors": lambda self, bins, **kwargs: self.new_empty([b.numel() - 1 for b in bins]),
+    "aten::histogram.bin_ct": lambda self, bins=100, **kwargs: (self.new_empty(bins), self.new_empty(bins + 1)),
+    "aten::histogram.bins_tensor": lambda self, bins, **kwargs: (self.new_empty(bins.numel() - 1),
+                                                                   torch.empty_like(bins)),
 }
 
 
@@ -642,6 +676,7 @@ def eager_fallback(op, args, kwargs):
     # Inputs that depend on random draws: sync the whole step first, or what
     # else depends on the draws (masks saved for backward) draws again later.
     _C.sync_live_tensors_before_read(lazy_inputs)
+
     def to_cpu(x):  # a factory's lazy device argument too: else it calls this kernel back
         if isinstance(x, torch.Tensor):
             return x.cpu()
@@ -1143,6 +1178,34 @@ def _cpu_batch_norm_shapes(decomposition):
 _DECOMPOSITION_WRAPPERS = {"aten::_native_batch_norm_legit_functional": _cpu_batch_norm_shapes}
 
 
+def _multilabel_margin_loss_forward(input, target, reduction):
+    """torch's own decomposition (2.13) adds the hinge terms of the target
+    slots after a row's first -1 as if they named class 0: any row with a -1
+    gets a larger loss than aten's kernel gives (torch.compile's too). Here
+    those slots count for nothing. (loss, is_target) as aten's."""
+    x, t = (input, target) if input.dim() == 2 else (input.unsqueeze(0), target.unsqueeze(0))
+    classes = x.shape[1]
+    idx = torch.arange(classes, device=t.device)
+    end = torch.where(t == -1, idx, classes).amin(dim=-1, keepdim=True)
+    valid = idx < end  # [N, C]: the target slots before the first -1
+    is_target = (idx == torch.where(valid, t, -1).unsqueeze(-1)).any(dim=1)  # [N, C]
+    picked = torch.gather(x, -1, torch.where(valid, t, 0))  # [N, C]: the targets' scores
+    hinge = (1.0 - picked.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0) / classes  # [N, slot, class]
+    hinge = torch.where(valid.unsqueeze(-1) & ~is_target.unsqueeze(1), hinge, 0)
+    loss = hinge.sum(dim=(1, 2))
+    if reduction == 1:  # mean
+        loss = loss.mean()
+    elif reduction == 2:  # sum
+        loss = loss.sum()
+    elif input.dim() < 2:
+        loss = loss.reshape(())
+    return loss, is_target.to(input.dtype).reshape(target.shape)
+
+
+# Decompositions of ours, in place of torch's (see each one's reason).
+_OWN_DECOMPOSITIONS = {"aten::multilabel_margin_loss_forward": _multilabel_margin_loss_forward}
+
+
 # Activations the TS backend lacks that a mobile CNN calls every step
 # (MobileNetV3 at the zoo's base size: 12 calls a step, 2.4 ms of its 8.3 ms
 # per-op trace): a decomposition's several ops, re-entering
@@ -1157,7 +1220,7 @@ def _register_functional(op) -> None:
     from torch._decomp import decomposition_table
 
     qualified = _qualified(op)
-    decomposition = decomposition_table.get(op)
+    decomposition = _OWN_DECOMPOSITIONS.get(qualified, decomposition_table.get(op))
     if qualified in _DECOMPOSITION_WRAPPERS and decomposition is not None:
         decomposition = _DECOMPOSITION_WRAPPERS[qualified](decomposition)
     if decomposition is not None and _aten_written(decomposition) and qualified not in _TRACED_AS_NODES:
