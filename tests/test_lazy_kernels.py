@@ -801,11 +801,17 @@ def test_multilabel_margin_loss_is_aten_s_not_torch_decomposition_s(lazy_level):
     target slots after a row's first -1 as class 0 (torch.compile gives the
     wrong loss too): traced through it, the loss was 2.7x eager's at O0 and
     O1 alike. lazy_kernels decomposes it itself."""
-    eager = margin_losses(CPU)
+    _assert_one_step_as_eager(margin_losses, rtol=1e-12, atol=1e-14)
+
+
+def _assert_one_step_as_eager(step, **tolerance):
+    """``step`` on the lazy device gives eager's values, in one graph
+    execution with no eager fallback."""
+    eager = step(CPU)
     metrics.reset()
-    lazy = margin_losses(LAZY)
+    lazy = step(LAZY)
     for got, want in zip(lazy, eager):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(got, want, **tolerance)
     s = metrics.snapshot()
     assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
 
@@ -835,11 +841,5 @@ def test_ops_without_meta_kernels_are_traced_with_shape_functions(lazy_level):
     """Their nodes' sizes come from lazy_kernels' shape functions; without
     one, each call took the eager path (4 fallbacks here) and
     uncovered_ops() did not list them."""
-    eager = gradients_without_meta_kernels(CPU)
-    metrics.reset()
-    lazy = gradients_without_meta_kernels(LAZY)
-    for got, want in zip(lazy, eager):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    s = metrics.snapshot()
-    assert s["fallback_count"] == 0 and s["graph_executions"] == 1, metrics.report()
+    _assert_one_step_as_eager(gradients_without_meta_kernels, rtol=1e-10, atol=1e-12)
     assert "aten::multi_margin_loss_backward" not in lazy_kernels.uncovered_ops()
