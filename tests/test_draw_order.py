@@ -195,6 +195,24 @@ def test_a_host_use_of_the_generator_mid_step_is_reported(lazy_level, host_draw_
         assert s["draws_after_host_use"] == 0 and not warned, [str(w.message) for w in caught]
 
 
+def test_a_host_draw_after_a_captured_forward_is_reported(lazy_level):
+    """A captured forward's dropout is a draw of its region node: a batch
+    sampled on the host after that forward (nanoGPT's order) is reported
+    too; the batch made before the forward is not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1)).to(LAZY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(3):
+            loss = model(torch.randn(4, 8).to(LAZY)).sum()
+            if step == 2:
+                torch.randint(0, 10, (2,))
+            loss.backward()
+            torch._lazy.mark_step()
+    s = metrics.snapshot()
+    assert s["captured_calls"] >= 2 and s["draws_after_host_use"] == 1, metrics.report()
+
+
 def test_a_failed_steps_draws_leave_the_next_step_quiet(lazy_level):
     """A step that fails (O2: its dropout cannot compile) never ran its draws:
     the next step compares the generator with its own first draw's state,

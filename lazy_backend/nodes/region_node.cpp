@@ -12,7 +12,6 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
 
-#include <algorithm>
 #include <sstream>
 
 namespace lazy_mlir {
@@ -61,9 +60,7 @@ std::string RegionNode::ToString() const {
   return ss.str();
 }
 
-bool RegionNode::drawsRandom() const {
-  return std::any_of(region_->ops.begin(), region_->ops.end(), [](const RegionOp& op) { return isRandomOp(op.op); });
-}
+bool RegionNode::drawsRandom() const { return region_->draws_random; }
 
 std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, const pybind11::list& ops,
                                    const std::vector<size_t>& outputs,
@@ -128,6 +125,7 @@ std::shared_ptr<Region> makeRegion(const std::string& name, size_t num_inputs, c
     }
     num_values += op.num_outputs;
     value_sources.resize(num_values, op.source);
+    region->draws_random = region->draws_random || isRandomOp(op.op);
     region->ops.push_back(std::move(op));
   }
   for (size_t index : outputs) {
@@ -180,9 +178,8 @@ TracedNode traceNode(const std::shared_ptr<Region>& region, std::vector<torch::l
   TORCH_CHECK(operands.size() == region->num_inputs, "lazy_mlir: region ", region->name, " takes ",
               region->num_inputs, " inputs, got ", operands.size());
   TORCH_CHECK(device, "lazy_mlir: region ", region->name, " called without inputs");
-  auto node = torch::lazy::MakeNode<RegionNode>(region, operands);
-  if (std::static_pointer_cast<RegionNode>(node)->drawsRandom()) noteDrawTraced();
-  return {std::move(node), *device, functional};
+  if (region->draws_random) noteDrawTraced();
+  return {torch::lazy::MakeNode<RegionNode>(region, operands), *device, functional};
 }
 
 // Outputs [begin, end) of `node` as aten lazy tensors, functionalized if

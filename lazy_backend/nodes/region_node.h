@@ -38,6 +38,7 @@ struct Region {
   std::vector<torch::lazy::Shape> output_shapes;
   std::vector<std::string> output_sources;  // of each output: its op's source (empty: none recorded)
   torch::lazy::hash_t hash;  // ops, constants and wiring
+  bool draws_random = false;  // one of its ops draws (draw_order.h's kinds): asked at every trace
 };
 
 class RegionNode : public torch::lazy::TsNode {
