@@ -154,12 +154,10 @@ def _amp_unscale(self, found_inf, inv_scale):
     return grads, found
 
 
-def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
-    """histogramdd's edges: a node with one output per dimension (bins + 1
-    each), aten's kernel in the glue (no Meta kernel: compilable.UNGENERATED)."""
-    outputs = [(self.dtype, [b + 1]) for b in bins]
-    return _C.trace_builtin("aten::_histogramdd_bin_edges", "default", [self, list(bins), range, weight, density],
-                            outputs, [len(bins)])
+def _histogramdd_bin_edges(*args, **kwargs):
+    """histogramdd's edges, a tensor list (not traced by rule): one node,
+    its sizes from _SHAPE_FUNCTIONS."""
+    return trace_builtin(aten._histogramdd_bin_edges.default, args, kwargs)
 
 
 HAND_WRITTEN = {
@@ -420,7 +418,7 @@ _WHY = (
      "another backend's own kernel (CUDA, MPS, the CPU's flash attention): the lazy device takes the op's traced path"),
     (lambda q, op: _OTHER_LAYOUTS.search(q), "sparse, quantized, nested or MKLDNN tensors, which the lazy device has not"),
     (lambda q, op: torch.Tag.nondeterministic_seeded in op.tags,
-     "random, another device's kernel (CUDA's dropout): drawn eagerly, at once"),
+     "random, with no traced sampling sibling (CUDA's dropout kernels): drawn eagerly, at once"),
     (lambda q, op: not op._schema.is_mutable and any(r.alias_info is not None for r in op._schema.returns),
      "a view: functionalization hands the lazy device its *_copy op instead"),
     (lambda q, op: op._schema.is_mutable, "mutates its arguments, with no functional sibling to trace"),
@@ -533,6 +531,7 @@ _SHAPE_FUNCTIONS = {
     "aten::multi_margin_loss_backward": lambda grad_output, self, *args: torch.empty_like(self),
     "aten::multilabel_margin_loss_backward": lambda grad_output, self, *args: torch.empty_like(self),
     # histograms: their sizes are the bin counts asked for
+    "aten::_histogramdd_bin_edges": lambda self, bins, **kwargs: [self.new_empty(b + 1) for b in bins],
     "aten::_histogramdd_from_bin_cts": lambda self, bins, **kwargs: self.new_empty(bins),
     "aten::_histogramdd_from_bin_tensors": lambda self, bins, **kwargs: self.new_empty([b.numel() - 1 for b in bins]),
     "aten::histogram.bin_ct": lambda self, bins=100, **kwargs: (self.new_empty(bins), self.new_empty(bins + 1)),
