@@ -137,6 +137,7 @@ def in_place_draws(device):
     return [t.detach().cpu() for t in drawn]
 
 
+@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
 def test_in_place_draws_trace_in_eagers_order(lazy_level):
     """exponential_, cauchy_, geometric_, log_normal_, bernoulli_ with a
     tensor, RReLU's noise and randperm ran eagerly (LTC's fallback): drawn

@@ -837,6 +837,7 @@ def gradients_without_meta_kernels(device):
     return [t.cpu() for t in (loss.detach(), *grads, hist.hist, histogram.hist, histogram.bin_edges)]
 
 
+@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
 def test_ops_without_meta_kernels_are_traced_with_shape_functions(lazy_level):
     """Their nodes' sizes come from lazy_kernels' shape functions; without
     one, each call took the eager path (4 fallbacks here) and
