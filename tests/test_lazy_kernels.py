@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import lazy_mlir
 
 from lazy_mlir.observe import metrics
-from lazy_mlir.trace import lazy_kernels
+from lazy_mlir.trace import lazy_kernels, shape_functions
 from helpers import CPU, LAZY, assert_compiled
 
 
@@ -258,7 +258,9 @@ def test_every_op_on_the_eager_path_says_why(lazy_level):
     assert not {"aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::_ctc_loss.Tensor"} & set(uncovered)
     assert uncovered["aten::unique_dim"].startswith("its sizes come from its inputs' values")
     # a node whose sizes nothing computes takes the eager path at every call: listed too
-    assert uncovered["aten::fractional_max_pool3d_backward"].startswith("no shape function")
+    # (SyncBatchNorm's statistics have CUDA kernels only); one without a Meta kernel is not
+    assert uncovered["aten::batch_norm_stats"].startswith("no Meta kernel, and no kernel of the backing device's")
+    assert "aten::fractional_max_pool3d_backward" not in uncovered
     draws = {q for q, why in uncovered.items() if why.startswith("random")}
     assert draws == {"aten::_fused_dropout", "aten::_fill_mem_eff_dropout_mask_"}, draws  # CUDA's kernels
     assert not {"aten::linspace.out", "aten::logspace.out", "aten::range.out"} & set(uncovered)
@@ -519,13 +521,15 @@ def test_builtin_output_shapes_are_computed_once_per_signature(lazy_level, monke
     """A builtin node's output shapes come from its (often Python) meta kernel
     once per op and argument signature: later steps reuse them. Another
     size, dtype or scalar (-0.0 against 0.0 included) is another signature."""
-    calls = []
+    calls, shapes_of = [], shape_functions.shapes_of
 
-    def counted(self):
-        calls.append((tuple(self.shape), self.dtype))
-        return lazy_kernels._geqrf_shapes(self)
+    def counted(qualified, op):
+        def shapes(self):
+            calls.append((tuple(self.shape), self.dtype))
+            return shapes_of(qualified, op)(self)
+        return shapes if qualified == "aten::geqrf" else shapes_of(qualified, op)
 
-    monkeypatch.setitem(lazy_kernels._SHAPE_FUNCTIONS, "aten::geqrf", counted)
+    monkeypatch.setattr(shape_functions, "shapes_of", counted)
     monkeypatch.setattr(lazy_kernels, "_OUTPUT_SHAPES", {})
     inputs = [torch.randn(2, 6, 3), torch.randn(2, 6, 3), torch.randn(3, 7, 2),
               torch.randn(2, 6, 3, dtype=torch.float64)]
@@ -839,8 +843,56 @@ def gradients_without_meta_kernels(device):
 
 @pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
 def test_ops_without_meta_kernels_are_traced_with_shape_functions(lazy_level):
-    """Their nodes' sizes come from lazy_kernels' shape functions; without
-    one, each call took the eager path (4 fallbacks here) and
-    uncovered_ops() did not list them."""
+    """Their nodes' sizes come from shape_functions (aten's kernel run on
+    zeros); without them, each call took the eager path (4 fallbacks here)
+    and uncovered_ops() did not list them."""
     _assert_one_step_as_eager(gradients_without_meta_kernels, rtol=1e-10, atol=1e-12)
     assert "aten::multi_margin_loss_backward" not in lazy_kernels.uncovered_ops()
+
+
+def _f64(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def more_ops_without_meta_kernels(device):
+    """Fractional 3-D max pooling's backward (training), the slow and dilated
+    convolutions aten's convolution picks on some inputs, masked softmax,
+    SyncBatchNorm's CPU statistics, forward-mode GLU's backward...: none has
+    a Meta kernel. Each ran eagerly, one fallback and execution per call."""
+    aten = torch.ops.aten
+    torch.manual_seed(0)  # fractional pooling draws its windows (traced in eager's order)
+    x = _f64(1, 2, 6, 6, 6).to(device).requires_grad_()
+    pooled = F.fractional_max_pool3d(x, 2, output_size=(3, 4, 3))
+    (grad_x,) = torch.autograd.grad(pooled.pow(2).sum(), [x])
+    image, weight, bias = _f64(2, 3, 7, 6, seed=1).to(device), _f64(4, 3, 3, 2, seed=2).to(device), _f64(4).to(device)
+    volume, weight3 = _f64(1, 2, 5, 6, 4, seed=3).to(device), _f64(3, 2, 2, 3, 2, seed=4).to(device)
+    scores = _f64(2, 3, 4, seed=5).to(device)
+    mask = torch.tensor([[[False, True, False, True]] * 3] * 2).to(device)
+    outs = [
+        grad_x,
+        aten._slow_conv2d_forward(image, weight, [3, 2], bias, [2, 1], [1, 0]),
+        *aten._slow_conv2d_backward.output_mask(_f64(2, 4, 4, 5, seed=6).to(device), image, weight, [3, 2], [2, 1],
+                                                [1, 0], [True, True, True]),
+        aten.slow_conv_dilated2d(image, weight, [3, 2], bias, [1, 2], [1, 1], [2, 1]),
+        aten.slow_conv3d_forward(volume, weight3, [2, 3, 2], None, [1, 2, 1], [1, 0, 1]),
+        aten.slow_conv_dilated3d(volume, weight3, [2, 3, 2], None, [1, 1, 2], [0, 1, 1], [2, 1, 2]),
+        aten.slow_conv_transpose3d(volume, _f64(2, 3, 2, 2, 3, seed=7).to(device), [2, 2, 3], None, [2, 1, 1],
+                                   [0, 1, 1], [1, 0, 0], [1, 1, 1]),
+        aten._masked_softmax(scores, mask, 2, 2),
+        aten._masked_softmax_backward(scores, scores.softmax(-1), mask, 2),
+        *aten.batch_norm_update_stats(image, _f64(3).to(device), _f64(3).abs().to(device), 0.1),
+        *aten._aminmax.dim(scores, 1, True),
+        aten._compute_linear_combination(scores, _f64(5, 2, seed=8).to(device)),
+        aten._add_relu.Scalar(scores, 0.5, 2),
+        aten.glu_backward_jvp(_f64(4, 6).to(device), _f64(4, 3).to(device), _f64(4, 6, seed=9).to(device),
+                              _f64(4, 3, seed=10).to(device), _f64(4, 6, seed=11).to(device), 1),
+        *aten._transform_bias_rescale_qkv(_f64(2, 5, 12).to(device), _f64(12).to(device), 2),
+    ]
+    if device.type == "lazy":
+        torch._lazy.mark_step()
+    return [t.detach().cpu() for t in outs]
+
+
+@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
+def test_more_ops_without_meta_kernels_trace_in_the_step(lazy_level):
+    _assert_one_step_as_eager(more_ops_without_meta_kernels, rtol=1e-12, atol=1e-12)

@@ -34,15 +34,13 @@ RANDOM_OPS = {
 # Inductor generates grouped products (MoE experts) for CUDA bfloat16 only,
 # and aten's Meta kernel refuses other dtypes: aten's kernel runs in the glue.
 UNGENERATED = {"aten::_grouped_mm"}
-# Ops with no meta kernel or data-dependent sizes (a group's conversion infers
-# every size: trace/data_dependent.py): aten's kernel runs in the glue.
+# The ops of trace/data_dependent.py (sizes read from data; the CTC loss):
+# aten's kernel runs in the glue. Other ops without a Meta kernel compile:
+# Inductor sizes them as FakeTensorMode does, running aten's kernel on
+# zeros, and calls that kernel from its code (as trace/shape_functions.py sizes their nodes).
 UNGENERATED |= {"aten::nonzero", "lazy_mlir::nonzero_contiguous", "aten::repeat_interleave", "aten::bincount",
                 "aten::_unique2", "aten::unique_consecutive",
                 "aten::_ctc_loss", "aten::_ctc_loss_backward", "lazy_mlir::ctc_loss_padded_alpha",
-                # no Meta kernel (lazy_kernels._SHAPE_FUNCTIONS gives their nodes' sizes)
-                "aten::_standard_gamma_grad", "aten::_dirichlet_grad", "aten::multi_margin_loss_backward",
-                "aten::multilabel_margin_loss_backward", "aten::_histogramdd_from_bin_cts",
-                "aten::_histogramdd_from_bin_tensors", "aten::histogram", "aten::_histogramdd_bin_edges",
                 # torch's decomposition of it is wrong (lazy_kernels decomposes it itself; traced as a
                 # node only when that fails): never Inductor's
                 "aten::multilabel_margin_loss_forward"}

@@ -234,8 +234,3 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_in
                                    [log_probs, targets, input_lengths, target_lengths, blank, zero_infinity, width],
                                    outputs, [])
     return loss, alpha
-
-
-def ctc_loss_backward_shapes(grad, log_probs, *rest):
-    """``_ctc_loss_backward.Tensor`` (no meta kernel): the gradient of ``log_probs``."""
-    return torch.empty_like(log_probs)

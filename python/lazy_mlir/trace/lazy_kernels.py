@@ -15,8 +15,8 @@ this order for every functional op whose Lazy entry is the eager fallback:
    (``unsqueeze``, ``permute``) would reach LTC as ``as_strided``, which it
    cannot trace; functionalized, views become the ``*_copy`` ops LTC traces;
 3. the op itself as a TorchScript builtin node in the traced graph
-   (``_C.trace_builtin``, output shapes from the op's meta kernel, or from
-   ``_SHAPE_FUNCTIONS`` for ops with none: ``_logcumsumexp``, ``geqrf``;
+   (``_C.trace_builtin``, output shapes from the op's meta kernel, or for
+   ops with none from ``shape_functions``: ``_logcumsumexp``, ``geqrf``;
    kept per argument signature, as every step asks again): aten's own
    kernel then runs inside the graph;
 4. the eager path, counted in ``lazy_mlir.metrics`` under the op's name and
@@ -79,7 +79,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..cluster import compilable
 from ..native import _C
 from ..observe import metrics, syncs
-from . import data_dependent
+from . import data_dependent, shape_functions
 
 aten = torch.ops.aten
 _LIB: torch.library.Library | None = None
@@ -156,7 +156,7 @@ def _amp_unscale(self, found_inf, inv_scale):
 
 def _histogramdd_bin_edges(*args, **kwargs):
     """histogramdd's edges, a tensor list (not traced by rule): one node,
-    its sizes from _SHAPE_FUNCTIONS."""
+    its sizes from shape_functions."""
     return trace_builtin(aten._histogramdd_bin_edges.default, args, kwargs)
 
 
@@ -428,7 +428,8 @@ _WHY = (
      "its sizes come from its inputs' values, with no rule to read them (trace/data_dependent.py)"),
     (lambda q, op: any(isinstance(r.type, torch.ListType) for r in op._schema.returns),
      "returns a tensor list (traced only where hand-written: split, unbind)"),
-    (lambda q, op: _without_shapes(q), "no shape function for its node (no Meta kernel): each call runs eagerly"),
+    (lambda q, op: _without_shapes(q), "no Meta kernel, and no kernel of the backing device's to run on zeros "
+                                       "(another device's own) or no tensor argument: each call runs eagerly"),
 )
 
 
@@ -438,14 +439,11 @@ def _why_uncovered(qualified: str) -> str:
 
 
 def _without_shapes(qualified: str) -> bool:
-    """A traced op (a builtin node) whose output sizes nothing computes: no
-    Meta kernel, no composite one, no shape function here. Each call
-    takes the eager path (``multi_margin_loss_backward`` had none)."""
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return (qualified in _BUILTIN and qualified not in _SHAPE_FUNCTIONS and qualified not in data_dependent.TRACED
-            and not any(has(qualified, key) for key in ("Meta", "CompositeExplicitAutograd",
-                                                         "CompositeExplicitAutogradNonFunctional",
-                                                         "CompositeImplicitAutograd")))
+    """A traced op (a builtin node) whose output sizes nothing computes
+    (shape_functions.computable; none for the layouts the lazy device has
+    not): each call takes the eager path."""
+    return (qualified in _BUILTIN and qualified not in data_dependent.TRACED
+            and (not shape_functions.computable(qualified, _resolve(qualified)) or bool(_OTHER_LAYOUTS.search(qualified))))
 
 
 def _data_dependent_falling_back(qualified: str) -> bool:
@@ -493,53 +491,6 @@ def _to_meta(x):
     return x
 
 
-# Output shapes of ops traced as nodes that have no Meta kernel (aten's
-# _logcumsumexp, geqrf and binomial have CPU/CUDA kernels only): on meta tensors, here
-# rather than as Meta kernels registered for everyone (fake tensors, export).
-def _geqrf_shapes(self):
-    *batch, m, n = self.shape
-    return torch.empty_like(self), self.new_empty((*batch, min(m, n)))
-
-
-def _grouped_mm_shapes(self, mat2, offs=None, bias=None, out_dtype=None):
-    """aten's Meta kernel for _grouped_mm admits bfloat16 only (CUDA's
-    kernels); its CPU kernel takes float32 too. As aten's CPU kernel gives:
-    2-D x 3-D (MoE experts, ``offs`` their rows' ends) (M, N); 3-D x 2-D
-    (groups along N) (M, all groups' N); 2-D x 2-D (groups along K) and
-    3-D x 3-D one (M, N) matrix per group."""
-    dtype = out_dtype or self.dtype
-    if self.dim() == 2 and mat2.dim() == 2:
-        shape = (offs.shape[0], self.shape[0], mat2.shape[1])
-    elif self.dim() == 3 and mat2.dim() == 3:
-        shape = (self.shape[0], self.shape[1], mat2.shape[2])
-    else:
-        shape = (self.shape[-2], mat2.shape[-1])
-    return self.new_empty(shape, dtype=dtype)
-
-
-_SHAPE_FUNCTIONS = {
-    "aten::_logcumsumexp": lambda self, dim: torch.empty_like(self),
-    "aten::geqrf": _geqrf_shapes,
-    "aten::_grouped_mm": _grouped_mm_shapes,
-    "aten::_ctc_loss_backward.Tensor": data_dependent.ctc_loss_backward_shapes,
-    # draws of their input's shape, with no Meta kernel
-    "aten::binomial": lambda count, prob, generator=None: torch.empty_like(count),
-    "aten::_sample_dirichlet": lambda self, generator=None: torch.empty_like(self),
-    # gradients of their input's shape: Gamma's, Beta's and Dirichlet's rsample, the margin losses
-    "aten::_standard_gamma_grad": lambda self, output: torch.empty_like(self),
-    "aten::_dirichlet_grad": lambda x, alpha, total: torch.empty_like(x),
-    "aten::multi_margin_loss_backward": lambda grad_output, self, *args: torch.empty_like(self),
-    "aten::multilabel_margin_loss_backward": lambda grad_output, self, *args: torch.empty_like(self),
-    # histograms: their sizes are the bin counts asked for
-    "aten::_histogramdd_bin_edges": lambda self, bins, **kwargs: [self.new_empty(b + 1) for b in bins],
-    "aten::_histogramdd_from_bin_cts": lambda self, bins, **kwargs: self.new_empty(bins),
-    "aten::_histogramdd_from_bin_tensors": lambda self, bins, **kwargs: self.new_empty([b.numel() - 1 for b in bins]),
-    "aten::histogram.bin_ct": lambda self, bins=100, **kwargs: (self.new_empty(bins), self.new_empty(bins + 1)),
-    "aten::histogram.bins_tensor": lambda self, bins, **kwargs: (self.new_empty(bins.numel() - 1),
-                                                                   torch.empty_like(bins)),
-}
-
-
 class _Unknown(Exception):
     """An argument whose effect on output shapes cannot be told from its value."""
 
@@ -579,7 +530,7 @@ def _output_shapes(op, args, kwargs) -> tuple[list, list]:
     known = _OUTPUT_SHAPES.get(key) if key is not None else None
     if known is not None:
         return known
-    shapes = _SHAPE_FUNCTIONS.get(_qualified(op), op)
+    shapes = shape_functions.shapes_of(_qualified(op), op)
     meta_out = shapes(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
     single = len(op._schema.returns) == 1
     returns = [meta_out] if single else list(meta_out)
