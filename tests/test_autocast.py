@@ -211,6 +211,8 @@ def test_the_gpu_table_casts_by_its_policies():
 
 @pytest.mark.parametrize("make_opt, reads_until_taken", [
     pytest.param(lambda ps: torch.optim.AdamW(ps, lr=1e-3), False, id="adamw"),
+    # fused=True: the optimizer's own _step_supports_amp_scaling; the node unscales as aten's fused kernel
+    pytest.param(lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True), False, id="adamw_fused"),
     # zero buffers made for the first step (steady_state): a skipped step keeps them zero
     pytest.param(lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), False, id="sgd_momentum",
                  marks=pytest.mark.slow),

@@ -95,6 +95,12 @@ CASES = {
     "sgd_momentum": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
     "sgd_nesterov_decay_maximize": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.8, dampening=0.0,
                                                              nesterov=True, weight_decay=1e-3, maximize=True),
+    # fused=True (HF's adamw_torch_fused, torchtune's default): torch refuses
+    # the lazy device; the node computes what aten's fused kernel does (eager
+    # here runs that kernel), up to rounding
+    "adamw_fused": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1,
+                                               fused=True),
+    "sgd_momentum_fused": lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True),
 }
 # SGD's other settings run at O0 (the op's eager kernel: the same sgd_update
 # the compiled expansion records), compiles being the suite's cost.
@@ -132,7 +138,7 @@ def test_matches_eager_fp64_compiled(lazy_level, case):
     assert s["fallback_count"] == 0, s["fallbacks"]
     # every step after the first reuses the graph (SGD's second step is the
     # first with momentum buffers: another graph)
-    first_graphs = 2 if case in ("sgd_momentum", "sgd_nesterov_decay_maximize") else 1
+    first_graphs = 2 if case in ("sgd_momentum", "sgd_momentum_fused", "sgd_nesterov_decay_maximize") else 1
     assert s["cache_hits"] >= steps - first_graphs, metrics.report()
     assert_compiled(s, calls=steps)
 
@@ -330,3 +336,37 @@ def test_adams_lists_are_collected_as_torch_collects_them():
     params[1].grad = torch.randn(3).to_sparse()
     untouched = [[] for _ in range(6)]
     assert _C.collect_adam_group(params, opt.state, True, *untouched) is None and untouched == [[]] * 6
+
+
+@pytest.mark.parametrize("lazy_level", ["O0"], indirect=True)
+def test_a_fused_optimizers_checkpoint_resumes_on_the_lazy_device(lazy_level):
+    """load_state_dict puts a fused=True optimizer's step counts on the
+    parameters' device (torch's fused kernels read them there); torch's own
+    fused step then failed on the lazy device. The node takes them back to
+    the CPU and resumes as eager does."""
+    _fused(lazy_level)
+
+    def make(m):
+        return torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
+
+    eager = _model(torch.float64)
+    eager_opt = make(eager)
+    first, *rest = _batches(torch.float64, 3)
+    _loss(eager, first).backward()
+    eager_opt.step()
+    eager_opt.zero_grad()
+    lazy = copy.deepcopy(eager).to(LAZY)
+    lazy_opt = make(lazy)
+    lazy_opt.load_state_dict(copy.deepcopy(eager_opt.state_dict()))
+    assert next(iter(lazy_opt.state.values()))["step"].device.type == "lazy"  # torch's policy for fused=True
+    metrics.reset()
+    for x in rest:
+        for model, opt, batch in ((eager, eager_opt, x), (lazy, lazy_opt, x.to(LAZY))):
+            _loss(model, batch).backward()
+            opt.step()
+            opt.zero_grad()
+        torch._lazy.mark_step()
+    _assert_params_close(eager, lazy, rtol=1e-12, atol=1e-13)
+    _assert_state_close(eager_opt, lazy_opt, rtol=1e-12, atol=1e-13)
+    s = metrics.snapshot()
+    assert s["optimizer_groups_fused"] == 2 and s["fallback_count"] == 0, metrics.report()

@@ -5,9 +5,11 @@ torch's single-tensor Adam runs ~10 ops per parameter (``mul_``, ``lerp_``,
 ``mul_``, ``addcmul_``, ``sqrt``, ``div``, ``add_``, ``addcdiv_`` ...), each
 traced by LTC with its scalar arguments: ~10 ms of GPT-mini's trace for 52
 parameters, about as much as its forward and backward together. Its fused
-implementation (``fused=True``, aten's ``_fused_adamw_``) refuses the lazy
-device, and the foreach path traces per tensor anyway (LTC decomposes
-``_foreach_*``). SGD with momentum is 3 ops per parameter, but a CNN has
+implementation (aten's ``_fused_adamw_``) refuses the lazy device, and the
+foreach path traces per tensor anyway (LTC decomposes ``_foreach_*``). An
+optimizer made with ``fused=True`` steps lazy parameters through the node
+below too: torch's device check is skipped, its step counts kept on the
+CPU as for ``fused=False``. SGD with momentum is 3 ops per parameter, but a CNN has
 many small parameters: 1.7 ms of a zoo ResNet's 7.7 ms step.
 
 So while such an optimizer steps (between the optimizer step pre- and
@@ -142,8 +144,11 @@ def _before_step(optimizer, args, kwargs) -> None:
         return
     fuse = _fuses(optimizer)
     _active.optimizer = optimizer if fuse else None
-    # grad_scale/found_inf in this step are ours to handle (not a fused=True optimizer's own)
-    _active.amp_claimed = fuse and not optimizer.__dict__.get("_step_supports_amp_scaling", False)
+    # grad_scale/found_inf in this step are ours to handle (a fused=True
+    # optimizer's own only where its parameters are not lazy)
+    _active.amp_claimed = _claims_amp_scaling(optimizer)
+    if _active.amp_claimed:
+        optimizer._need_device_dtype_check_for_fused = False  # SGD(fused=True)'s, which refuses the lazy device
     _settle(optimizer)
 
 
@@ -222,12 +227,28 @@ def _adam_init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs
     parameter. Otherwise, and where torch's would raise, torch's own runs."""
     if (getattr(_active, "optimizer", None) is self and not group["differentiable"]
             and not (group["foreach"] and torch.is_tensor(group["lr"]))):
+        if group["fused"]:
+            _steps_to_the_host(self, group["params"])
         has_complex = _C.collect_adam_group(group["params"], self.state, group["amsgrad"], params_with_grad, grads,
                                             exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
         if has_complex is not None:
             return has_complex
+        if group["fused"] and _fusing(group["params"]):
+            # fused=True served by the node: torch's init as for fused=False
+            # (its device check refuses the lazy device; step counts on the CPU)
+            group = {**group, "fused": False}
     return _original_adam_init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                                      state_steps)
+
+
+def _steps_to_the_host(optimizer, params) -> None:
+    """A fused=True optimizer's loaded state (load_state_dict) has its step
+    counts on the parameters' device, as torch's fused kernels read them:
+    the node's are on the CPU (ours, as for fused=False)."""
+    for p in params:
+        state = optimizer.state.get(p)
+        if state and torch.is_tensor(state.get("step")) and state["step"].device.type == "lazy":
+            state["step"] = state["step"].cpu()
 
 
 def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=None, capturable=False,
@@ -236,7 +257,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, fo
     """torch.optim.adam.adam, traced as one node when the stepping optimizer is fused."""
     amp = _amp_claimed(grad_scale, found_inf)
     if _fusing(params):
-        why = _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad_scale, found_inf, beta1,
+        why = _unfusable(params, state_steps, capturable, differentiable, amp, grad_scale, found_inf, beta1,
                          beta2, lr)
         if why is None:
             lists = params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps
@@ -289,7 +310,7 @@ def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=
     """torch.optim.sgd.sgd, traced as one node when the stepping optimizer is fused."""
     amp = _amp_claimed(grad_scale, found_inf)
     if _fusing(params):
-        why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, amp, grad_scale, found_inf,
+        why = _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, amp, grad_scale, found_inf,
                              momentum, lr, weight_decay)
         if why is None:
             for indices, chunk in _by_layer(params, (params, d_p_list, momentum_buffer_list), with_indices=True):
@@ -310,13 +331,12 @@ def _sgd(params, d_p_list, momentum_buffer_list, has_sparse_grad=False, foreach=
                   momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov, maximize=maximize)
 
 
-def _unfusable_group(params, fused, amp, grad_scale, found_inf, lr, state_steps=()) -> str | None:
+def _unfusable_group(params, amp, grad_scale, found_inf, lr, state_steps=()) -> str | None:
     """Why a parameter group of any fused optimizer keeps torch's own path
-    (None: nothing here stops it). The per-tensor checks (complex or
+    (None: nothing here stops it; ``fused=True`` does not: the node is what
+    aten's fused kernel computes, up to rounding). The per-tensor checks (complex or
     non-float parameters, not all on one lazy device, Adam's step counts
     not on the CPU) are one C++ call: lazy_backend/optimizer/optimizer_checks.h."""
-    if fused:
-        return "fused=True"
     if not amp and (grad_scale is not None or found_inf is not None):
         return "grad_scale/found_inf set on the optimizer by hand"
     if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.requires_grad or lr.device.type != "cpu"):
@@ -324,7 +344,7 @@ def _unfusable_group(params, fused, amp, grad_scale, found_inf, lr, state_steps=
     return _C.group_tensors_unfusable(params, list(state_steps))
 
 
-def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, amp, grad_scale, found_inf, momentum, lr,
+def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, amp, grad_scale, found_inf, momentum, lr,
                    weight_decay) -> str | None:
     """Why this SGD parameter group keeps torch's own path (None: it is fused)."""
     if has_sparse_grad:
@@ -335,7 +355,7 @@ def _sgd_unfusable(params, momentum_buffer_list, has_sparse_grad, fused, amp, gr
         return "momentum buffers that only some parameters have"
     if amp and found_inf is not None and momentum != 0 and momentum_buffer_list and momentum_buffer_list[0] is None:
         return "GradScaler on the first momentum step (a skip leaves no buffers)"
-    return _unfusable_group(params, fused, amp, grad_scale, found_inf, lr)
+    return _unfusable_group(params, amp, grad_scale, found_inf, lr)
 
 
 _lr_on_device: dict = {}  # (lr, device, backing) -> its 0-d float64 lazy tensor: no transfer per step while lr holds
@@ -367,7 +387,7 @@ def _fused_sgd_step(params, grads, momentum_buffer_list, *, weight_decay, moment
                                         _unscaled_in_place(grads, grad_scale)])
 
 
-def _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad_scale, found_inf, beta1, beta2,
+def _unfusable(params, state_steps, capturable, differentiable, amp, grad_scale, found_inf, beta1, beta2,
                lr) -> str | None:
     """Why this Adam parameter group keeps torch's own path (None: it is fused)."""
     if capturable:
@@ -376,7 +396,7 @@ def _unfusable(params, state_steps, capturable, differentiable, fused, amp, grad
         return "differentiable=True"
     if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
         return "tensor betas"
-    return _unfusable_group(params, fused, amp, grad_scale, found_inf, lr, state_steps)
+    return _unfusable_group(params, amp, grad_scale, found_inf, lr, state_steps)
 
 
 def _fused_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, beta1, beta2, lr,
