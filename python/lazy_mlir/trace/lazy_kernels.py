@@ -440,10 +440,9 @@ def _why_uncovered(qualified: str) -> str:
 
 def _without_shapes(qualified: str) -> bool:
     """A traced op (a builtin node) whose output sizes nothing computes
-    (shape_functions.computable; none for the layouts the lazy device has
-    not): each call takes the eager path."""
+    (shape_functions.computable): each call takes the eager path."""
     return (qualified in _BUILTIN and qualified not in data_dependent.TRACED
-            and (not shape_functions.computable(qualified, _resolve(qualified)) or bool(_OTHER_LAYOUTS.search(qualified))))
+            and not shape_functions.computable(qualified, _resolve(qualified)))
 
 
 def _data_dependent_falling_back(qualified: str) -> bool:
@@ -464,7 +463,9 @@ def uncovered_ops() -> dict[str, str]:
                            "kernels, the list would be the stock lazy backend's (~1,300 ops)")
     return {q: _why_uncovered(q) for q in sorted(torch._C._dispatch_get_all_op_names())
             if q.startswith("aten::") and (_falls_back_on_lazy(q) or q in _UNMATCHED
-                                           or _data_dependent_falling_back(q) or _without_shapes(q))}
+                                           or _data_dependent_falling_back(q) or _without_shapes(q)
+                                           # traced as nodes, but no lazy tensor has their layouts
+                                           or (q in _BUILTIN and _OTHER_LAYOUTS.search(q)))}
 
 
 # ---------------------------------------------------------- builtin tracing
