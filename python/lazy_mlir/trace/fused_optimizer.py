@@ -147,7 +147,7 @@ def _before_step(optimizer, args, kwargs) -> None:
     # grad_scale/found_inf in this step are ours to handle (a fused=True
     # optimizer's own only where its parameters are not lazy)
     _active.amp_claimed = _claims_amp_scaling(optimizer)
-    if _active.amp_claimed:
+    if _active.amp_claimed and optimizer.defaults.get("fused"):
         optimizer._need_device_dtype_check_for_fused = False  # SGD(fused=True)'s, which refuses the lazy device
     _settle(optimizer)
 
@@ -244,7 +244,11 @@ def _adam_init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs
 def _steps_to_the_host(optimizer, params) -> None:
     """A fused=True optimizer's loaded state (load_state_dict) has its step
     counts on the parameters' device, as torch's fused kernels read them:
-    the node's are on the CPU (ours, as for fused=False)."""
+    the node's are on the CPU (ours, as for fused=False). A load moves a
+    group's counts together: its first parameter's tells (one look a step)."""
+    first = optimizer.state.get(params[0]) if params else None
+    if not (first and torch.is_tensor(first.get("step")) and first["step"].device.type == "lazy"):
+        return
     for p in params:
         state = optimizer.state.get(p)
         if state and torch.is_tensor(state.get("step")) and state["step"].device.type == "lazy":
