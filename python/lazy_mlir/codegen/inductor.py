@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import inductor_fixes, memory_order, onednn_linear
+from . import inductor_fixes, inlining_bound, memory_order, onednn_linear
 
 
 # Inductor fuses independent kernels ("horizontally") only when they read at
@@ -33,14 +33,15 @@ FUSION_MEMORY_THRESHOLD = 32
 
 
 class _OurLowerings(CustomGraphPass):
-    """A pass that changes nothing, whose id keys Inductor's own caches on
-    this package's code generation sources: Inductor's FX-graph cache keys
-    on the graph and its config, not on lowerings registered from outside
-    (onednn_linear.register_with_inductor), so after a change to those it
-    would serve code compiled before it, into our new cache entries."""
+    """Our post-grad pass (inlining_bound), whose id also keys Inductor's
+    own caches on this package's code generation sources: Inductor's
+    FX-graph cache keys on the graph and its config, not on lowerings
+    registered from outside (onednn_linear.register_with_inductor), so after
+    a change to those it would serve code compiled before it, into our new
+    cache entries."""
 
     def __call__(self, graph: fx.Graph) -> None:
-        pass
+        inlining_bound.bound(graph)
 
     def uuid(self) -> str:
         return _codegen_digest()
