@@ -5,7 +5,7 @@ Inductor decomposes it) doubles Inductor's tracing at each link. The pass
 realizes links so that no value's tree exceeds the bound, leaves graphs of
 ordinary steps unchanged, and the code computes the same numbers. On the
 lazy device, AdamW steps chained before one ``mark_step`` train as eagerly
-(12 of them took 283 s to compile without the bound, ~35 s with it)."""
+(12 of them on a 4-parameter MLP took 283 s to compile without the bound, 28 s with it)."""
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
