@@ -1,13 +1,14 @@
 """The MLIR compile path: scalars stay runtime inputs, dumps, O2 errors."""
 import os
 import re
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import lazy_mlir
-from lazy_mlir.observe import metrics
+from lazy_mlir.observe import metrics, progress
 from helpers import LAZY, assert_compiled, assert_same_training, make_mlp, mlp_batches, train
 
 CPU = torch.device("cpu")
@@ -84,11 +85,17 @@ def test_o1_keeps_uncompilable_ops_in_torchscript(lazy_level):
     assert_compiled(s)
 
 
-def test_compiles_report_progress(lazy_level, capsys):
+def test_compiles_report_progress(lazy_level, capsys, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_SECONDS", 0.05)  # a reminder during any compile, not every 30 s
     train(make_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.02), mlp_batches(1, batch=17), LAZY)
     err = capsys.readouterr().err
     assert re.search(r"lazy_mlir: compiling graph\d+\.g0 \(\d+ ops\) \.\.\.", err), err
+    assert re.search(r"lazy_mlir: still compiling graph\d+\.g0 \(\d+ ops\): \d+ s", err), err
     assert re.search(r"lazy_mlir: compiled graph\d+\.g0 in \d+\.\d s", err), err
+    last = err.rindex("lazy_mlir: compiled")
+    time.sleep(0.2)  # the reminders ended with the compile
+    assert "still compiling" not in capsys.readouterr().err
+    assert "still compiling" not in err[last:]
 
 
 @pytest.mark.python_wrapper

@@ -28,8 +28,9 @@ class Config:
     pipeline: str | None = None
     # Record the user's source line of every traced op (for errors, warnings, dumps).
     source_lines: bool = True
-    # Print a line to stderr when a group starts and ends compiling (cold
-    # compiles of a whole training step take tens of seconds).
+    # Print a line to stderr when a group starts and ends compiling, and
+    # every 30 s while a compile holds the step (cold compiles of a whole
+    # training step take tens of seconds, a large model's minutes).
     progress: bool = True
     # At O2, an op that would run eagerly is an "error" naming the op and the
     # source line, or only a "warn"ing (the op then runs on the CPU).

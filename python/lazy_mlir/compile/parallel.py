@@ -38,6 +38,7 @@ import torch
 
 from .. import config
 from ..cluster import layer_groups
+from ..observe import progress
 from . import background
 
 # A worker takes ~8 s to import torch and Inductor: it is started only when
@@ -211,7 +212,8 @@ def _compile_all(graph_name: str, jobs: list) -> None:
                   f"({sum(j.num_ops for j in todo)} ops) in {1 + len(workers)} processes ...",
                   file=sys.stderr, flush=True)
             layer_groups.print_compile_hint()
-        _generate(todo, workers)
+        with progress.still_compiling(f"the groups of {graph_name}", cfg.progress):
+            _generate(todo, workers)
         for job in leaders + [job for job in jobs if job.leader is not None]:  # followers read the cache
             job.finish()
     finally:

@@ -31,7 +31,7 @@ from ..compile import background, deferred, heap, parallel, routes, shape_generi
 from ..compile.routes import Route
 from ..lowering import lowering_function
 from ..native import _C
-from ..observe import metrics, syncs
+from ..observe import metrics, progress, syncs
 from . import cuda_graphs, numerics_check
 
 prepare_group = lowering_function("prepare_group")  # a numerics-check case localises its stage with it
@@ -615,7 +615,8 @@ class GroupExecutable:
             print(f"lazy_mlir: compiling {self.name} ({self.num_ops} ops) ...", file=sys.stderr, flush=True)
             layer_groups.print_compile_hint()
         try:
-            lowered = routes.compile_in_step(route, self.graph, inputs, self.name, self.cfg, sighting)
+            with progress.still_compiling(f"{self.name} ({self.num_ops} ops)", self.cfg.progress):
+                lowered = routes.compile_in_step(route, self.graph, inputs, self.name, self.cfg, sighting)
         except Exception as exc:  # noqa: BLE001 - O1 falls back to TorchScript, O2 fails
             self.compile_failed(exc)
             return None
