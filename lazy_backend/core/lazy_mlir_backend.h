@@ -52,6 +52,10 @@ class LazyMlirBackend : public torch::lazy::BackendImplInterface {
   // for each post-order node's data.
   torch::lazy::BackendDataPtr CreateDataPlaceholder(const torch::lazy::BackendDevice& device,
                                                     const torch::lazy::Shape& shape) const override;
+  // LTC calls it once per node of a sync's post-order walk, and each call is
+  // recorded as the walk's next node (SyncRecord, parameter_binding.h): code
+  // of ours that only asks whether a node is device data uses
+  // DeviceData::Cast instead.
   torch::lazy::BackendDataPtr GetComputationDataFromNode(const torch::lazy::Node* node) const override;
   at::Tensor MakeTensorFromComputationData(const torch::lazy::BackendDataPtr data,
                                            std::optional<at::ScalarType> type) const override {

@@ -1,6 +1,6 @@
 #include "ltc_fixes/draw_order.h"
 
-#include <torch/csrc/lazy/backend/backend_interface.h>
+#include <torch/csrc/lazy/ts_backend/ops/device_data.h>
 
 #include <algorithm>
 #include <mutex>
@@ -53,8 +53,12 @@ std::vector<const Node*> inDrawOrder(c10::ArrayRef<const Node*> post_order) {
   std::vector<const Node*> order;
   order.reserve(post_order.size());
   std::unordered_map<const Node*, Mark> mark;
+  // Device data first. Not through the backend's GetComputationDataFromNode:
+  // ours records each call as the sync's next post-order node
+  // (parameter_binding.h), and a second walk would count every parameter's
+  // uses twice (buffer donation then took a live input for a dead one).
   for (const Node* node : post_order) {
-    if (torch::lazy::getBackend()->GetComputationDataFromNode(node)) {
+    if (torch::lazy::DeviceData::Cast(node) != nullptr) {
       order.push_back(node);
       mark[node] = Mark::kDone;
     }
