@@ -342,3 +342,81 @@ def test_a_dropout_in_the_glue_does_not_cut_the_step(captured):
     assert s["groups_built"] == 1 and s["graph_executions"] == 2, metrics.report()
     assert s["captured_calls"] == (2 if captured else 0), metrics.report()
     assert_compiled(s, calls=2)
+
+
+class _UnusedDraw(torch.nn.Module):
+    """A forward that draws numbers nothing reads (eagerly the generator
+    still moves on), then a dropout whose mask depends on where it is."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.a, self.b = kind, torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if self.kind == "dropout":
+            F.dropout(h, 0.5)
+        elif self.kind == "rand_like":
+            torch.rand_like(h)
+        else:
+            torch.bernoulli(torch.full_like(h, 0.5))
+        return self.b(F.dropout(h, 0.3)).square().mean()
+
+
+def _train_with_an_unused_draw(kind, device, steps=3):
+    """(losses, parameters, whether the batch kept on the device is intact)."""
+    torch.manual_seed(0)
+    model = _UnusedDraw(kind).double().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = torch.linspace(-1, 1, 32, dtype=torch.float64).reshape(4, 8)
+    x = batch.to(device)  # moved once, read by every step
+    torch.manual_seed(5)
+    losses = []
+    for _ in range(steps):
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device.type == "lazy":
+            torch._lazy.mark_step()
+        losses.append(loss.item())
+    params = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    return torch.tensor(losses, dtype=torch.float64), params, torch.equal(x.cpu(), batch)
+
+
+@pytest.mark.parametrize("kind", ["dropout", "rand_like", "bernoulli"])
+@pytest.mark.parametrize("capture", ["off", "auto"], ids=["traced", "captured"])
+@pytest.mark.compiles_in_step("each step's draws come from generated code, the first step's too")
+def test_an_unused_draw_in_a_training_step_draws_as_in_eager(kind, capture):
+    """Traced op by op, the unused draw is a dead draw synced at mark_step;
+    its place among the draws is restored when the graph is lowered, and
+    that lowering must not count the graph's inputs twice (it did: buffer
+    donation then wrote the unused dropout's result into the batch on the
+    device at the first step). Captured, the recorded forward keeps the
+    draw as a region output of its own (its region dropped it: every later
+    mask differed from eager's, and an unused dropout refused the record).
+    Float64, against eager and O0 on the same inputs."""
+    eager_losses, eager_params, _ = _train_with_an_unused_draw(kind, CPU)
+    runs = {}
+    for level in ("O0", "O1"):
+        lazy_mlir.init(level, capture=capture)
+        lazy_mlir.native._C.clear_computation_cache()  # the first step lowers its graph, as in a new process
+        metrics.reset()
+        try:
+            losses, params, intact = _train_with_an_unused_draw(kind, LAZY)
+        finally:
+            lazy_mlir.init("O1")
+        s = metrics.snapshot()
+        assert intact, f"{level}: the batch on the device was overwritten"
+        torch.testing.assert_close(losses, eager_losses, rtol=1e-12, atol=0, msg=level)
+        for name, p in eager_params.items():
+            torch.testing.assert_close(params[name], p, rtol=1e-12, atol=1e-14, msg=f"{level} {name}")
+        assert s["dead_draws_kept"] == 3 and s["graph_executions"] == 3, metrics.report()
+        if capture == "auto":
+            assert s["captured_calls"] == 3 and s["capture_refused"] == 0, metrics.report()
+        if level == "O1":
+            assert_compiled(s, calls=3)
+        runs[level] = losses, params
+    torch.testing.assert_close(runs["O1"][0], runs["O0"][0], rtol=1e-12, atol=0)
+    for name, p in runs["O0"][1].items():
+        torch.testing.assert_close(runs["O1"][1][name], p, rtol=1e-12, atol=1e-14, msg=name)

@@ -200,6 +200,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("install_dead_draws", &lazy_mlir::installDeadDraws,
         "Run random ops whose results nothing uses at the next sync of every live tensor, as eager does "
         "(dead_draws.h).");
+  m.def("keep_dead_draws", &lazy_mlir::keepDeadDraws,
+        "A captured region's outputs that are draws nothing reads: run at the next sync of every live tensor, as "
+        "eager runs them (dead_draws.h).");
   m.def("draw_position", &lazy_mlir::drawPosition,
         "(step, position of the next draw in its stream): the lazy device's random state (draw_stream.h).");
   m.def("set_draw_position", &lazy_mlir::setDrawPosition, py::arg("step"), py::arg("position"),

@@ -6,6 +6,7 @@
 #include "runtime/run_stats.h"
 #include "kernels/silent_warnings.h"
 
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
@@ -19,6 +20,7 @@ namespace {
 
 std::mutex g_mutex;
 std::vector<torch::lazy::NodePtr> g_draws;  // random nodes built since the last live sync, in trace order
+std::vector<torch::lazy::Value> g_region_draws;  // captured regions' dead draws (keepDeadDraws)
 
 void remember(const c10::IValue& value) {
   if (!value.isTensor()) return;
@@ -78,11 +80,30 @@ void installDeadDraws() {
   (void)wrapped;
 }
 
+void keepDeadDraws(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (at::Tensor output : outputs) {
+    if (at::functionalization::impl::isFunctionalTensor(output)) {
+      output = at::functionalization::impl::from_functional_tensor(output);
+    }
+    auto tensor = torch::lazy::TryGetLtcTensor(output);
+    TORCH_CHECK(tensor, "lazy_mlir: a region's dead draw is not a lazy tensor");
+    torch::lazy::Value ir = tensor->CurrentIrValue();
+    if (ir) g_region_draws.push_back(std::move(ir));
+  }
+}
+
 void addDeadDraws(std::vector<torch::lazy::LazyTensorPtr>* tensors, const torch::lazy::BackendDevice& device) {
   std::vector<torch::lazy::NodePtr> draws;
+  std::vector<torch::lazy::Value> region_draws;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     draws.swap(g_draws);
+    region_draws.swap(g_region_draws);
+  }
+  for (auto& value : region_draws) {  // nothing else holds these outputs: always dead
+    tensors->push_back(torch::lazy::LazyTensor::Create(std::move(value), device));
+    RunStats::get().dead_draws_kept++;
   }
   for (auto& node : draws) {
     if (node.use_count() != 1) continue;  // a live tensor's graph draws it
@@ -94,6 +115,7 @@ void addDeadDraws(std::vector<torch::lazy::LazyTensorPtr>* tensors, const torch:
 void forgetDraws() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_draws.clear();
+  g_region_draws.clear();
 }
 
 }  // namespace lazy_mlir

@@ -28,6 +28,14 @@ void installDeadDraws();
 // are in this sync's graph).
 void addDeadDraws(std::vector<torch::lazy::LazyTensorPtr>* tensors, const torch::lazy::BackendDevice& device);
 
+// A captured region's outputs that are draws nothing reads (a recorded
+// forward's unused dropout or rand_like): a region is one node, whose live
+// outputs keep it alive, so these are kept by output, not by node, and
+// synced at the next sync of every live tensor like the kernels' dead draws
+// (without it, the region's lowering drops the draw and every later draw
+// takes other numbers than eager's).
+void keepDeadDraws(const std::vector<at::Tensor>& outputs);
+
 // A graph that runs random ops is executing: forgets every remembered draw.
 // A draw it runs may be dead afterwards (a parameter initialised on the
 // device, settled by a setup sync) and must not run again at the next live

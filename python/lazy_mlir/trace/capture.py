@@ -209,7 +209,8 @@ def build_region(gm: torch.fx.GraphModule, name: str):
     """Converts an FX graph of aten ops into a region. Returns (region, the
     graph's tensor constants: the region's inputs after the placeholders,
     for each graph output its region output index or None, the inputs the
-    graph writes: (placeholder index, region output index) pairs)."""
+    graph writes: (placeholder index, region output index) pairs, the
+    region outputs that are draws nothing reads)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
     values: dict[torch.fx.Node, object] = {n: i for i, n in enumerate(placeholders + constants)}
@@ -311,8 +312,26 @@ def build_region(gm: torch.fx.GraphModule, name: str):
         written.append((placeholder, len(outputs)))
         outputs.append(index(value, "copy_"))
         shapes.append((value.meta["val"].dtype, list(value.meta["val"].shape)))
+    # A draw nothing reads (an unused dropout) still moves the generator on
+    # eagerly: an output of its own, which _Replay keeps for the step's sync
+    # (the region's lowering would drop it, and every later draw would take
+    # other numbers than eager's).
+    dead_draws = []
+    for node in gm.graph.nodes:
+        if _draws(node) and not any(u.users if u.target is operator.getitem else True for u in node.users):
+            val = node.meta["val"]
+            piece = 1 if isinstance(val, (tuple, list)) else None  # native_dropout: its mask, the draw alone
+            dead_draws.append(len(outputs))
+            outputs.append(values[node] if piece is None else values[node][piece])
+            val = val if piece is None else val[piece]
+            shapes.append((val.dtype, list(val.shape)))
     region = _C.make_region(name, len(placeholders) + len(constants), ops, outputs, shapes)
-    return region, [getattr(gm, n.target) for n in constants], positions, written
+    return region, [getattr(gm, n.target) for n in constants], positions, written, dead_draws
+
+
+def _draws(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an op that draws random numbers."""
+    return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.name in compilable.RANDOM_OPS
 
 
 class _Replay:
@@ -323,7 +342,7 @@ class _Replay:
 
     def __init__(self, gm: torch.fx.GraphModule, name: str):
         self.gm = gm
-        self.region, constants, self.positions, self.written = build_region(gm, name)
+        self.region, constants, self.positions, self.written, self.dead_draws = build_region(gm, name)
         for node in gm.graph.nodes:  # the region named its ops' lines: the graph is kept for its structure
             node.meta.pop("stack_trace", None)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
@@ -344,6 +363,7 @@ class _Replay:
         it writes updated."""
         outs = _C.trace_region(self.region, [*args, *self.constants])
         self._write(args, outs)
+        self._keep_dead_draws(outs)
         return tuple(None if p is None else outs[p] for p in self.positions)
 
     def run_saving(self, args, n_user: int) -> tuple[list, "_C.SavedValues"]:
@@ -354,7 +374,12 @@ class _Replay:
         n_saved = len(self.positions) - n_user
         outs, saved = _C.trace_region_saving(self.region, [*args, *self.constants], n_user, n_user + n_saved)
         self._write(args, outs, removed=n_saved)  # outs: the user's outputs, then the written values
+        self._keep_dead_draws(outs, removed=n_saved)
         return outs[:n_user], saved
+
+    def _keep_dead_draws(self, outs, removed: int = 0) -> None:
+        if self.dead_draws:
+            _C.keep_dead_draws([outs[k - removed] for k in self.dead_draws])
 
     def _write(self, args, outs, removed: int = 0) -> None:
         """The inputs the graph writes updated with their new values (region
@@ -484,16 +509,13 @@ def _check_backward_draws_nothing(backward: torch.fx.GraphModule) -> None:
     A replay's backward would draw anew: unused draws (AOTAutograd's
     partitioner leaves recomputes whose values the forward saved) are
     removed, a used one refuses the record (other masks than the forward's)."""
-    def random(node):
-        return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.name in compilable.RANDOM_OPS
-
     removed = False
     for node in reversed(list(backward.graph.nodes)):
-        unused_piece = node.target is operator.getitem and random(node.args[0]) and not node.users
-        if (random(node) or unused_piece) and not node.users:
+        unused_piece = node.target is operator.getitem and _draws(node.args[0]) and not node.users
+        if (_draws(node) or unused_piece) and not node.users:
             backward.graph.erase_node(node)
             removed = True
-        elif random(node):
+        elif _draws(node):
             raise CaptureError(f"its backward draws random numbers ({node.target}: a recompute, as activation "
                                "checkpointing's), which a replay would draw anew")
     if removed:
@@ -924,6 +946,15 @@ def _partition(joint, inputs, module, **kwargs):
     from torch._functorch import partitioners
     partition = (partitioners.min_cut_rematerialization_partition if partitioners.has_recomputable_ops(joint)
                  else partitioners.default_partition)
+    # A draw of several results that nothing reads (an unused dropout) is
+    # kept by the forward (build_region draws it), but torch 2.13's
+    # partitioners take a result-less tuple for a tensor ("Expected
+    # native_dropout to be a tensor"): an unused piece of it says what it is.
+    for node in list(joint.graph.nodes):
+        if _draws(node) and not node.users and isinstance(node.meta.get("val"), (tuple, list)):
+            with joint.graph.inserting_after(node):
+                piece = joint.graph.call_function(operator.getitem, (node, 0))
+            piece.meta["val"] = node.meta["val"][0]
     forward, backward = partition(joint, inputs, **kwargs)
     if _partitions is not None:
         entry = _partitions.setdefault(f"{type(module).__name__}#{id(module):x}", {
