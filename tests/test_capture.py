@@ -673,6 +673,71 @@ def test_an_output_the_loss_leaves_out_gives_none_gradients(lazy_level):
         torch.testing.assert_close(runs["lazy"][name], p, rtol=1e-12, atol=1e-12, msg=name)
 
 
+class _KeepsAWindow(nn.Module):
+    """Returns, beside its loss, the last 3 positions of an intermediate
+    (a sliding-window cache's keys): a slice, strided over its base."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        full = torch.cat([x, self.proj(x)], dim=-2)  # (2, 2, 8, 8)
+        return full.tanh().square().mean(), full[:, :, -3:, :]
+
+
+@pytest.mark.parametrize("lazy_level", ["O0", "O1"], indirect=True)
+@pytest.mark.parametrize("window_in_loss", [False, True], ids=["window-unused", "window-in-loss"])
+def test_an_output_sliced_from_an_intermediate_gets_its_gradient(lazy_level, window_in_loss):
+    """AOTAutograd gives each gradient coming into a captured backward its
+    output's strides with an empty_strided copy. LTC's empty_strided was
+    the sizes' elements viewed with those strides: past the end of its
+    buffer for a slice (TorchScript refused it, Inductor's code read beyond
+    it): Mistral and Starcoder2 failed at O0 with automatic capture."""
+    batches = [torch.randn(2, 2, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3)]
+
+    def run(device):
+        torch.manual_seed(0)
+        model = _KeepsAWindow().double().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses = []
+        for x in batches:
+            loss, window = model(x.to(device))
+            total = loss + window.sin().sum() if window_in_loss else loss
+            total.backward()
+            opt.step()
+            opt.zero_grad()
+            if device == LAZY:
+                torch._lazy.mark_step()
+            losses.append(total.item())
+        return torch.tensor(losses), {n: p.detach().cpu() for n, p in model.named_parameters()}
+
+    eager_losses, eager_params = run(CPU)
+    metrics.reset()
+    lazy_losses, lazy_params = run(LAZY)
+    torch.testing.assert_close(lazy_losses, eager_losses, **FP64)
+    for name, p in eager_params.items():
+        torch.testing.assert_close(lazy_params[name], p, **FP64, msg=name)
+    s = metrics.snapshot()
+    assert s["captured_calls"] == 3 and s["capture_refused"] == 0, metrics.report()
+    assert s["graph_executions"] == 3 and s["fallback_count"] == 0, metrics.report()
+    if lazy_level == "O1":
+        assert_compiled(s, calls=3)
+
+
+def test_empty_strided_spans_its_strides(lazy_level):
+    """A lazy empty_strided with gaps (a slice's strides) holds every value
+    written into it."""
+    values = torch.arange(96, dtype=torch.float64).reshape(2, 2, 3, 8)
+    out = torch.empty_strided((2, 2, 3, 8), (128, 64, 8, 1), dtype=torch.float64, device=LAZY)
+    out.copy_(values.to(LAZY))
+    doubled = out * 2
+    torch._lazy.mark_step()
+    assert torch.equal(out.cpu(), values) and torch.equal(doubled.cpu(), values * 2)
+    assert torch.empty_strided((0, 3), (5, 1), device=LAZY).shape == (0, 3)
+
+
 # ------------------------------------------------------- Python the replay does not run
 class CountsCalls(nn.Module):
     """Branches on a counter its forward increments."""

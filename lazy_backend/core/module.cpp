@@ -21,7 +21,7 @@
 #include "core/graph_clusterer.h"
 #include "core/backend_graph_executor.h"
 #include "ltc_fixes/batch_norm_kernel.h"
-#include "ltc_fixes/inplace_view_kernel.h"
+#include "ltc_fixes/strided_kernels.h"
 #include "kernels/fill_kernels.h"
 #include "kernels/safe_softmax_kernel.h"
 #include "kernels/kernel_fronts.h"
@@ -154,8 +154,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("register_fill_kernels", &lazy_mlir::registerFillKernels,
         "Lazy kernels for ones_like, zeros_like, full_like, zero and zero_ (an expanded scalar), slice_backward and "
         "select_backward (see fill_kernels.h).");
-  m.def("register_inplace_view_kernel", &lazy_mlir::registerInplaceViewKernel,
-        "aten's as_strided_ (a metadata change) on the Lazy key (ltc_fixes/inplace_view_kernel.h).");
+  m.def("register_strided_kernels", &lazy_mlir::registerStridedKernels,
+        "as_strided_ (a metadata change) and empty_strided (spanning its strides) on the Lazy key "
+        "(ltc_fixes/strided_kernels.h).");
   m.def("register_batch_norm_kernel", &lazy_mlir::registerBatchNormKernel,
         "A Lazy kernel for a training native_batch_norm that traces its running statistics' update (see "
         "batch_norm_kernel.h).");

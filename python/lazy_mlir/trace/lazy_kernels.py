@@ -849,7 +849,7 @@ def install() -> None:
     _LIB = torch.library.Library("aten", "IMPL")
     _C.register_fill_kernels()  # before the composite ops are looked for below: these are not among them
     _C.register_safe_softmax_kernel()  # likewise
-    _C.register_inplace_view_kernel()  # likewise
+    _C.register_strided_kernels()  # likewise
     _C.register_value_read_kernels()  # item() of a value that depends on random draws
     _C.register_meta_kernels(list(_inplace_pointwise_with_python_meta()))
     for name, fn in HAND_WRITTEN.items():

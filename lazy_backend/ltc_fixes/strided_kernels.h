@@ -1,4 +1,5 @@
-// InplaceViewKernel: aten's own as_strided_ on the Lazy key.
+// StridedKernels: Lazy kernels of the two factory and view ops that take
+// explicit strides, where LTC's (or none) got them wrong.
 //
 // as_strided_ changes a tensor's sizes and strides, no value. Its kernel is
 // CompositeExplicitAutogradNonFunctional, which every backend gets but the
@@ -12,12 +13,21 @@
 // the tensor's metadata, as on every other backend. An LTC tensor (no
 // storage to set strides over: aten's kernel crashed on it) is refused as a
 // resize is, so that a composite kernel calling it is traced another way.
+//
+// empty_strided: LTC's made an empty tensor of the sizes' element count and
+// viewed it with the strides. Strides with gaps (those of a slice of a
+// bigger tensor) then reached past its end: TorchScript refused the view
+// ("out of bounds for storage") and Inductor's code read and wrote past the
+// buffer. AOTAutograd makes such a tensor at every backward of a captured
+// forward that returns a slice (a sliding-window cache's keys: Mistral,
+// Starcoder2), to give the incoming gradient the output's strides. Here the
+// empty tensor spans every element the strides reach, as eager allocates.
 #pragma once
 
 namespace lazy_mlir {
 
-// Registers it (before lazy_kernels.install() looks for ops without a Lazy
-// kernel: it then leaves as_strided_ alone).
-void registerInplaceViewKernel();
+// Registers them (before lazy_kernels.install() looks for ops without a
+// Lazy kernel: it then leaves them alone).
+void registerStridedKernels();
 
 }  // namespace lazy_mlir
