@@ -947,8 +947,8 @@ def _partition(joint, inputs, module, **kwargs):
     partition = (partitioners.min_cut_rematerialization_partition if partitioners.has_recomputable_ops(joint)
                  else partitioners.default_partition)
     # A draw of several results that nothing reads (an unused dropout) is
-    # kept by the forward (build_region draws it), but torch 2.13's
-    # partitioners take a result-less tuple for a tensor ("Expected
+    # kept by the forward (build_region draws it), but torch 2.13's default
+    # partitioner takes a result-less tuple for a tensor ("Expected
     # native_dropout to be a tensor"): an unused piece of it says what it is.
     for node in list(joint.graph.nodes):
         if _draws(node) and not node.users and isinstance(node.meta.get("val"), (tuple, list)):
